@@ -1,0 +1,30 @@
+# The two commands: `make test` (installs what the suite needs, then runs it)
+# and `make demo` (a management cluster and three workload clusters, in-process).
+SHELL := /bin/bash
+export ETCDFLEET_REQUIRE_ETCD ?= 1
+
+.PHONY: test tools rust-tools lint crds demo bench
+
+tools:
+	./hack/install-tools.sh
+
+rust-tools:
+	@command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
+	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+
+test: tools rust-tools
+	cargo nextest run --workspace --all-targets --no-fail-fast
+	cargo test --workspace --doc
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+crds:
+	cargo run -q -p etcdfleet-controllers --bin crdgen -- --out config/crd
+
+demo: tools
+	cargo run -q -p etcdfleet-tests --bin demo
+
+bench: tools
+	cargo bench -p etcdfleet-tests --bench scale_out
