@@ -1,1 +1,15 @@
-pub fn _x(){}
+//! The etcdfleet `v1alpha1` API: the custom resource types, their conditions,
+//! template resolution and the version policy. Pure data and pure functions:
+//! nothing in this crate performs I/O.
+
+pub mod conditions;
+pub mod types;
+
+pub use types::*;
+
+/// API group of every etcdfleet kind.
+pub const GROUP: &str = "etcdfleet.dev";
+/// API version of this crate's kinds.
+pub const VERSION: &str = "v1alpha1";
+/// Field manager the controller uses for server-side apply and status writes.
+pub const FIELD_MANAGER: &str = "etcdfleet-controller";
