@@ -1,0 +1,834 @@
+//! The etcd client layer: every call carries a deadline, retries only what
+//! etcd documents as "try again later" (strict reconfiguration check, learner
+//! not yet in sync, elections), and returns an [`EtcdError`].
+//!
+//! `etcd_client::Client::connect` is lazy (it succeeds against a closed port),
+//! so nothing here treats a successful connect as a sign of life: health and
+//! reachability always come from an RPC answered within a deadline.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    AlarmAction, AlarmOptions, AlarmType, Certificate, Client, ConnectOptions, GetOptions,
+    Identity, MemberAddOptions, TlsOptions,
+};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use super::Member;
+use super::error::EtcdError;
+use super::health::{ClusterHealth, MemberObservation};
+
+pub type Result<T, E = EtcdError> = std::result::Result<T, E>;
+
+/// TLS material to reach etcd's client port: the CA that signed the server
+/// certificates and, for mutual TLS, a client certificate and key. All PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsMaterial {
+    pub ca_pem: String,
+    pub client_cert_pem: Option<String>,
+    pub client_key_pem: Option<String>,
+    /// Name to verify the server certificate against, when the endpoint host
+    /// is not one of its SANs (e.g. reached through a port-forward).
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsMaterial")
+            .field("client_cert", &self.client_cert_pem.is_some())
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsMaterial {
+    fn to_options(&self) -> Result<TlsOptions> {
+        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        match (&self.client_cert_pem, &self.client_key_pem) {
+            (Some(cert), Some(key)) => tls = tls.identity(Identity::from_pem(cert, key)),
+            (None, None) => {}
+            _ => {
+                return Err(EtcdError::Tls(
+                    "a client certificate needs both cert and key".into(),
+                ));
+            }
+        }
+        if let Some(name) = &self.server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        Ok(tls)
+    }
+}
+
+/// How long each kind of call may take, retries included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Establishing a connection (TCP + TLS).
+    pub connect: Duration,
+    /// One ordinary RPC (member list, status, alarms, remove, move-leader).
+    pub request: Duration,
+    /// The linearizable read that decides whether a member is healthy.
+    pub health: Duration,
+    /// A membership change, including retries on "unhealthy cluster" (etcd's
+    /// strict reconfiguration check refuses for ~5 s after a member starts).
+    pub reconfigure: Duration,
+    /// Promoting a learner, including retries until it has caught up.
+    pub promote: Duration,
+    /// Defragmenting one member (blocks that member; grows with db size).
+    pub defragment: Duration,
+    /// Streaming a whole snapshot.
+    pub snapshot: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            connect: Duration::from_secs(5),
+            request: Duration::from_secs(5),
+            health: Duration::from_secs(3),
+            reconfigure: Duration::from_secs(30),
+            promote: Duration::from_secs(60),
+            defragment: Duration::from_secs(120),
+            snapshot: Duration::from_secs(600),
+        }
+    }
+}
+
+/// How to reach the members of one etcd cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdConfig {
+    pub tls: Option<TlsMaterial>,
+    pub deadlines: Deadlines,
+}
+
+/// What `Status` says about one member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    /// Id of the member that answered.
+    pub member_id: u64,
+    pub version: String,
+    /// Id of the leader as this member sees it; 0 when it knows none.
+    pub leader: u64,
+    pub raft_index: u64,
+    pub raft_term: u64,
+    pub raft_applied_index: u64,
+    pub db_size: i64,
+    pub db_size_in_use: i64,
+    pub is_learner: bool,
+    pub errors: Vec<String>,
+}
+
+impl MemberStatus {
+    pub fn is_leader(&self) -> bool {
+        self.leader != 0 && self.leader == self.member_id
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlarmKind {
+    NoSpace,
+    Corrupt,
+}
+
+/// An alarm raised on one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Alarm {
+    pub member_id: u64,
+    pub kind: AlarmKind,
+}
+
+/// The answer to a successful `member add`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddedMember {
+    pub id: u64,
+    /// The member list after the add, the new member included.
+    pub members: Vec<Member>,
+}
+
+/// What [`MemberClient::snapshot`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Bytes written to the sink: the database plus etcd's 32-byte SHA-256
+    /// trailer when etcd sent one (restore tools expect and check it).
+    pub bytes_written: u64,
+    /// Hex SHA-256 of everything written (what `sha256sum` of the file gives).
+    pub sha256: String,
+    /// Size of the database part, as announced by etcd and checked.
+    pub db_size: u64,
+    /// Whether etcd sent its own digest of the database and it matched.
+    pub etcd_digest_verified: bool,
+}
+
+async fn with_deadline<T>(
+    op: &'static str,
+    after: Duration,
+    member_id: Option<u64>,
+    fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(after, fut).await {
+        Err(_) => Err(EtcdError::Timeout { op, after }),
+        Ok(Err(e)) => Err(EtcdError::from_client(e, member_id)),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails with an error `retry` rejects, or
+/// `total` has passed (then the last error is returned). Backoff doubles from
+/// 100 ms up to 2 s.
+async fn retry_until<T, F, Fut>(
+    total: Duration,
+    retry: impl Fn(&EtcdError) -> bool,
+    mut attempt: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) if retry(&e) && started.elapsed() + backoff < total => {
+                tracing::debug!(error = %e, ?backoff, "etcd call refused, retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn connect(endpoints: &[String], config: &EtcdConfig) -> Result<Client> {
+    if endpoints.is_empty() {
+        return Err(EtcdError::NoEndpoints);
+    }
+    for e in endpoints {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            return Err(EtcdError::InvalidEndpoint {
+                endpoint: e.clone(),
+                message: "expected an http:// or https:// URL".into(),
+            });
+        }
+        if e.starts_with("https://") && config.tls.is_none() {
+            return Err(EtcdError::Tls(format!("{e} needs TLS material")));
+        }
+    }
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(config.deadlines.connect)
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+    if let Some(tls) = &config.tls {
+        options = options.with_tls(tls.to_options()?);
+    }
+    with_deadline(
+        "connect",
+        config.deadlines.connect,
+        None,
+        Client::connect(endpoints, Some(options)),
+    )
+    .await
+    .map_err(|e| match e {
+        EtcdError::InvalidEndpoint { message, .. } => EtcdError::InvalidEndpoint {
+            endpoint: endpoints.join(","),
+            message,
+        },
+        other => other,
+    })
+}
+
+fn same_urls(a: &[String], b: &[String]) -> bool {
+    let mut a = a.to_vec();
+    let mut b = b.to_vec();
+    a.sort();
+    b.sort();
+    a == b
+}
+
+/// A client for the whole cluster, balanced over all given client URLs:
+/// membership changes, alarms, and the operations that must find the leader.
+#[derive(Clone)]
+pub struct ClusterClient {
+    endpoints: Vec<String>,
+    config: EtcdConfig,
+    client: Client,
+}
+
+impl std::fmt::Debug for ClusterClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterClient")
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterClient {
+    /// Prepares a client over `endpoints` (client URLs). Lazy: it does not
+    /// prove any member is up.
+    pub async fn connect(endpoints: &[String], config: &EtcdConfig) -> Result<Self> {
+        Ok(ClusterClient {
+            endpoints: endpoints.to_vec(),
+            config: config.clone(),
+            client: connect(endpoints, config).await?,
+        })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    /// A client for one member, with this cluster's TLS and deadlines.
+    pub async fn member(&self, endpoint: &str) -> Result<MemberClient> {
+        MemberClient::connect(endpoint, &self.config).await
+    }
+
+    /// The raw etcd-client handle, for key-value access.
+    pub fn kv(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub async fn list_members(&self) -> Result<Vec<Member>> {
+        retry_until(
+            self.config.deadlines.request * 2,
+            |e| matches!(e, EtcdError::Unreachable(_) | EtcdError::NoLeader(_)),
+            || async {
+                let mut c = self.client.clone();
+                let resp = with_deadline(
+                    "member list",
+                    self.config.deadlines.request,
+                    None,
+                    c.member_list(),
+                )
+                .await?;
+                Ok(resp.members().iter().map(Member::from).collect())
+            },
+        )
+        .await
+    }
+
+    /// Adds a learner with `peer_urls`. Retries etcd's "unhealthy cluster"
+    /// refusal (strict reconfiguration check) with backoff. Idempotent: if a
+    /// learner with exactly these peer URLs already exists (a previous attempt
+    /// succeeded but its answer was lost), that learner is returned.
+    pub async fn add_learner(&self, peer_urls: &[String]) -> Result<AddedMember> {
+        let result = retry_until(
+            self.config.deadlines.reconfigure,
+            |e| {
+                matches!(
+                    e,
+                    EtcdError::UnhealthyCluster(_)
+                        | EtcdError::NoLeader(_)
+                        | EtcdError::Unreachable(_)
+                        | EtcdError::Timeout { .. }
+                )
+            },
+            || async {
+                let mut c = self.client.clone();
+                let resp = with_deadline(
+                    "member add",
+                    self.config.deadlines.request,
+                    None,
+                    c.member_add(peer_urls, Some(MemberAddOptions::new().with_is_learner())),
+                )
+                .await?;
+                let member = resp.member().ok_or_else(|| EtcdError::Rpc {
+                    code: "Internal".into(),
+                    message: "member add answered without the new member".into(),
+                })?;
+                Ok(AddedMember {
+                    id: member.id(),
+                    members: resp.member_list().iter().map(Member::from).collect(),
+                })
+            },
+        )
+        .await;
+        match result {
+            Err(EtcdError::PeerUrlsExist(message)) => {
+                let members = self.list_members().await?;
+                match members
+                    .iter()
+                    .find(|m| m.is_learner && same_urls(&m.peer_urls, peer_urls))
+                {
+                    Some(existing) => Ok(AddedMember {
+                        id: existing.id,
+                        members,
+                    }),
+                    None => Err(EtcdError::PeerUrlsExist(message)),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Promotes learner `member_id` to voter, retrying while etcd answers that
+    /// it is not yet in sync with the leader, up to the promote deadline.
+    /// Returns the member list after the promotion.
+    pub async fn promote_learner(&self, member_id: u64) -> Result<Vec<Member>> {
+        retry_until(
+            self.config.deadlines.promote,
+            |e| {
+                matches!(
+                    e,
+                    EtcdError::NotInSync { .. }
+                        | EtcdError::UnhealthyCluster(_)
+                        | EtcdError::NoLeader(_)
+                        | EtcdError::Unreachable(_)
+                )
+            },
+            || async {
+                let mut c = self.client.clone();
+                let resp = with_deadline(
+                    "member promote",
+                    self.config.deadlines.request,
+                    Some(member_id),
+                    c.member_promote(member_id),
+                )
+                .await?;
+                Ok(resp.members().iter().map(Member::from).collect())
+            },
+        )
+        .await
+    }
+
+    /// Removes `member_id`. Retries etcd's transient refusals (a member that
+    /// restarted less than ~5 s ago does not count as active yet). It does not
+    /// judge safety: ask [`ClusterHealth::can_remove`] first.
+    pub async fn remove_member(&self, member_id: u64) -> Result<Vec<Member>> {
+        retry_until(
+            self.config.deadlines.reconfigure,
+            |e| {
+                matches!(
+                    e,
+                    EtcdError::UnhealthyCluster(_)
+                        | EtcdError::NoLeader(_)
+                        | EtcdError::Unreachable(_)
+                )
+            },
+            || async {
+                let mut c = self.client.clone();
+                let resp = with_deadline(
+                    "member remove",
+                    self.config.deadlines.request,
+                    Some(member_id),
+                    c.member_remove(member_id),
+                )
+                .await?;
+                Ok(resp.members().iter().map(Member::from).collect())
+            },
+        )
+        .await
+    }
+
+    /// Asks every configured endpoint for its status and returns the client
+    /// of the one that is the leader, with its status.
+    pub async fn leader(&self) -> Result<(MemberClient, MemberStatus)> {
+        let probes = self.endpoints.iter().map(|endpoint| async move {
+            let member = self.member(endpoint).await?;
+            let status = member.status().await?;
+            Ok::<_, EtcdError>((member, status))
+        });
+        let mut last_error = None;
+        for probe in futures::future::join_all(probes).await {
+            match probe {
+                Ok((member, status)) if status.is_leader() => return Ok((member, status)),
+                Ok(_) => {}
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(EtcdError::NoLeader(match last_error {
+            Some(e) => format!("no endpoint reports itself leader (last error: {e})"),
+            None => "no endpoint reports itself leader".into(),
+        }))
+    }
+
+    /// Moves leadership to `target_id`, sending the request to the current
+    /// leader as etcd requires. Does nothing if `target_id` already leads.
+    pub async fn move_leader(&self, target_id: u64) -> Result<()> {
+        retry_until(
+            self.config.deadlines.reconfigure,
+            |e| matches!(e, EtcdError::NoLeader(_) | EtcdError::Unreachable(_)),
+            || async {
+                let (leader, status) = self.leader().await?;
+                if status.member_id == target_id {
+                    return Ok(());
+                }
+                leader.move_leader(target_id).await
+            },
+        )
+        .await
+    }
+
+    /// Alarms raised anywhere in the cluster.
+    pub async fn alarms(&self) -> Result<Vec<Alarm>> {
+        let mut c = self.client.clone();
+        let resp = with_deadline(
+            "alarm list",
+            self.config.deadlines.request,
+            None,
+            c.alarm(AlarmAction::Get, AlarmType::None, None),
+        )
+        .await?;
+        Ok(resp
+            .alarms()
+            .iter()
+            .filter_map(|a| {
+                let kind = match a.alarm() {
+                    AlarmType::Nospace => AlarmKind::NoSpace,
+                    AlarmType::Corrupt => AlarmKind::Corrupt,
+                    AlarmType::None => return None,
+                };
+                Some(Alarm {
+                    member_id: a.member_id(),
+                    kind,
+                })
+            })
+            .collect())
+    }
+
+    /// Disarms one alarm (after its cause was dealt with: for NOSPACE,
+    /// compact and defragment first).
+    pub async fn disarm_alarm(&self, alarm: Alarm) -> Result<()> {
+        let mut options = AlarmOptions::new();
+        options.with_member(alarm.member_id);
+        let kind = match alarm.kind {
+            AlarmKind::NoSpace => AlarmType::Nospace,
+            AlarmKind::Corrupt => AlarmType::Corrupt,
+        };
+        let mut c = self.client.clone();
+        with_deadline(
+            "alarm disarm",
+            self.config.deadlines.request,
+            Some(alarm.member_id),
+            c.alarm(AlarmAction::Deactivate, kind, Some(options)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Observes the whole cluster: the member list, then status and health of
+    /// every member through its first advertised client URL, concurrently.
+    /// Fails only if the member list itself cannot be read.
+    pub async fn observe(&self) -> Result<ClusterHealth> {
+        let members = self.list_members().await?;
+        let config = &self.config;
+        let observations =
+            futures::future::join_all(members.into_iter().map(|member| async move {
+                match member.client_urls.first() {
+                    Some(url) => observe(member.clone(), url, config).await,
+                    None => MemberObservation::unreachable(member, "member has not started"),
+                }
+            }))
+            .await;
+        Ok(ClusterHealth::new(observations))
+    }
+}
+
+/// Status and health of one member through `endpoint`; never fails, an
+/// unreachable member is an observation too.
+pub async fn observe(member: Member, endpoint: &str, config: &EtcdConfig) -> MemberObservation {
+    let client = match MemberClient::connect(endpoint, config).await {
+        Ok(c) => c,
+        Err(e) => return MemberObservation::unreachable(member, &e.to_string()),
+    };
+    if member.is_learner {
+        // Learners refuse linearizable reads ("rpc not supported for
+        // learner"): a learner is healthy when it answers status and knows
+        // the leader it replicates from.
+        return match client.status().await {
+            Ok(s) if s.leader != 0 => MemberObservation {
+                member,
+                status: Some(s),
+                healthy: true,
+                error: None,
+            },
+            Ok(s) => MemberObservation {
+                member,
+                status: Some(s),
+                healthy: false,
+                error: Some("learner knows no leader".into()),
+            },
+            Err(e) => MemberObservation::unreachable(member, &e.to_string()),
+        };
+    }
+    let (status, health) = tokio::join!(client.status(), client.check_health());
+    let (status, status_error) = match status {
+        Ok(s) => (Some(s), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let (healthy, error) = match health {
+        Ok(_) => (true, status_error),
+        Err(e) => (false, Some(e.to_string())),
+    };
+    MemberObservation {
+        member,
+        status,
+        healthy,
+        error,
+    }
+}
+
+/// A client bound to exactly one member: status, health, defragment,
+/// snapshot and alarms of that member.
+#[derive(Clone)]
+pub struct MemberClient {
+    endpoint: String,
+    config: EtcdConfig,
+    client: Client,
+}
+
+impl std::fmt::Debug for MemberClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemberClient")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemberClient {
+    /// Prepares a client for the member at `endpoint` (lazy, see module docs).
+    pub async fn connect(endpoint: &str, config: &EtcdConfig) -> Result<Self> {
+        Ok(MemberClient {
+            endpoint: endpoint.to_string(),
+            config: config.clone(),
+            client: connect(&[endpoint.to_string()], config).await?,
+        })
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    pub async fn status(&self) -> Result<MemberStatus> {
+        let mut c = self.client.clone();
+        let resp = with_deadline("status", self.config.deadlines.request, None, c.status()).await?;
+        Ok(MemberStatus {
+            member_id: resp.header().map(|h| h.member_id()).unwrap_or_default(),
+            version: resp.version().to_string(),
+            leader: resp.leader(),
+            raft_index: resp.raft_index(),
+            raft_term: resp.raft_term(),
+            raft_applied_index: resp.raft_applied_index(),
+            db_size: resp.db_size(),
+            db_size_in_use: resp.raft_used_db_size(),
+            is_learner: resp.is_learner(),
+            errors: resp.errors().to_vec(),
+        })
+    }
+
+    /// Healthy means this member answers a linearizable read within the
+    /// health deadline, which needs it to be connected to a quorum with a
+    /// leader (as `etcdctl endpoint health`). "Permission denied" counts as
+    /// healthy: the read went through raft. Returns the read latency.
+    pub async fn check_health(&self) -> Result<Duration> {
+        let started = Instant::now();
+        let mut c = self.client.clone();
+        let read = with_deadline(
+            "health check",
+            self.config.deadlines.health,
+            None,
+            c.get("health", Some(GetOptions::new().with_count_only())),
+        )
+        .await;
+        match read {
+            Ok(_) => Ok(started.elapsed()),
+            Err(EtcdError::Rpc { code, .. }) if code == "PermissionDenied" => Ok(started.elapsed()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Defragments this member's backend. Blocks the member while it runs:
+    /// do one member at a time, the leader last.
+    pub async fn defragment(&self) -> Result<()> {
+        let mut c = self.client.clone();
+        with_deadline(
+            "defragment",
+            self.config.deadlines.defragment,
+            None,
+            c.defragment(),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Transfers leadership to `target_id`. Must be sent to the leader; use
+    /// [`ClusterClient::move_leader`] unless you know this member leads.
+    pub async fn move_leader(&self, target_id: u64) -> Result<()> {
+        let mut c = self.client.clone();
+        with_deadline(
+            "move leader",
+            self.config.deadlines.request,
+            Some(target_id),
+            c.move_leader(target_id),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Streams a snapshot of this member's database into `sink`, checking the
+    /// size etcd announces (`remaining_bytes`) and the SHA-256 it appends.
+    pub async fn snapshot<W: AsyncWrite + Unpin>(&self, sink: &mut W) -> Result<SnapshotInfo> {
+        let after = self.config.deadlines.snapshot;
+        match tokio::time::timeout(after, self.stream_snapshot(sink)).await {
+            Err(_) => Err(EtcdError::Timeout {
+                op: "snapshot",
+                after,
+            }),
+            Ok(r) => r,
+        }
+    }
+
+    async fn stream_snapshot<W: AsyncWrite + Unpin>(&self, sink: &mut W) -> Result<SnapshotInfo> {
+        use ring::digest::{Context, SHA256};
+        let from_client = |e| EtcdError::from_client(e, None);
+        let mut c = self.client.clone();
+        let mut stream = c.snapshot().await.map_err(from_client)?;
+        let mut db_digest = Context::new(&SHA256);
+        let mut file_digest = Context::new(&SHA256);
+        let mut db_size: Option<u64> = None;
+        let mut db_bytes = 0u64;
+        let mut written = 0u64;
+        let mut etcd_digest: Option<Vec<u8>> = None;
+        while let Some(msg) = stream.message().await.map_err(from_client)? {
+            let blob = msg.blob();
+            if db_size == Some(db_bytes) {
+                // The database is complete; etcd sends its SHA-256 last.
+                if etcd_digest.is_some() || blob.len() != SHA256.output_len() {
+                    return Err(EtcdError::SnapshotIntegrity(format!(
+                        "unexpected {} bytes after the end of the database",
+                        blob.len()
+                    )));
+                }
+                etcd_digest = Some(blob.to_vec());
+            } else {
+                let expected =
+                    *db_size.get_or_insert(db_bytes + blob.len() as u64 + msg.remaining_bytes());
+                db_bytes += blob.len() as u64;
+                if db_bytes + msg.remaining_bytes() != expected {
+                    return Err(EtcdError::SnapshotIntegrity(format!(
+                        "etcd announced {expected} bytes, stream is at {db_bytes} with {} remaining",
+                        msg.remaining_bytes()
+                    )));
+                }
+                db_digest.update(blob);
+            }
+            sink.write_all(blob).await?;
+            file_digest.update(blob);
+            written += blob.len() as u64;
+        }
+        sink.flush().await?;
+        let db_size = db_size.unwrap_or_default();
+        if db_bytes != db_size || db_size == 0 {
+            return Err(EtcdError::SnapshotIntegrity(format!(
+                "stream ended after {db_bytes} of {db_size} database bytes"
+            )));
+        }
+        let etcd_digest_verified = match etcd_digest {
+            Some(d) if d.as_slice() == db_digest.finish().as_ref() => true,
+            Some(_) => {
+                return Err(EtcdError::SnapshotIntegrity(
+                    "SHA-256 sent by etcd does not match the database received".into(),
+                ));
+            }
+            None => false,
+        };
+        Ok(SnapshotInfo {
+            bytes_written: written,
+            sha256: hex(file_digest.finish().as_ref()),
+            db_size,
+            etcd_digest_verified,
+        })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn connect_is_lazy_so_health_comes_from_an_rpc_with_a_deadline() {
+        // Nothing listens on port 1; connect succeeds, the health read fails fast.
+        let config = EtcdConfig {
+            deadlines: Deadlines {
+                health: Duration::from_millis(500),
+                connect: Duration::from_millis(300),
+                ..Deadlines::default()
+            },
+            ..EtcdConfig::default()
+        };
+        let member = MemberClient::connect("http://127.0.0.1:1", &config)
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let err = member.check_health().await.unwrap_err();
+        assert!(
+            matches!(err.reason(), "Unreachable" | "Timeout"),
+            "unexpected {err:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn endpoints_are_validated() {
+        let config = EtcdConfig::default();
+        assert_eq!(
+            ClusterClient::connect(&[], &config)
+                .await
+                .unwrap_err()
+                .reason(),
+            "NoEndpoints"
+        );
+        assert_eq!(
+            MemberClient::connect("127.0.0.1:2379", &config)
+                .await
+                .unwrap_err()
+                .reason(),
+            "InvalidEndpoint"
+        );
+        assert_eq!(
+            MemberClient::connect("https://127.0.0.1:2379", &config)
+                .await
+                .unwrap_err()
+                .reason(),
+            "TLSError"
+        );
+    }
+
+    #[tokio::test]
+    async fn retry_gives_up_at_the_deadline_with_the_last_error() {
+        let mut attempts = 0;
+        let started = Instant::now();
+        let result: Result<()> = retry_until(
+            Duration::from_millis(450),
+            |e| e.is_transient(),
+            || {
+                attempts += 1;
+                async { Err(EtcdError::UnhealthyCluster("strict reconfig".into())) }
+            },
+        )
+        .await;
+        assert_eq!(result.unwrap_err().reason(), "UnhealthyCluster");
+        assert!(attempts >= 2, "retried {attempts} times");
+        assert!(started.elapsed() < Duration::from_millis(900));
+
+        let mut attempts = 0;
+        let result: Result<()> = retry_until(
+            Duration::from_secs(5),
+            |e| e.is_transient(),
+            || {
+                attempts += 1;
+                async { Err(EtcdError::TooManyLearners) }
+            },
+        )
+        .await;
+        assert_eq!(result.unwrap_err().reason(), "TooManyLearners");
+        assert_eq!(attempts, 1, "non-retryable errors are returned at once");
+    }
+}
