@@ -1,1 +1,3 @@
 
+pub mod etcd;
+pub mod pki;
