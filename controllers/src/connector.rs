@@ -1,0 +1,441 @@
+//! Reaching workload clusters: the kubeconfig Secret of each cluster is read by
+//! a direct GET (never a list or watch of Secrets), checked against what a
+//! controller may safely run (no exec plugins, no auth providers, no local
+//! file references), turned into a `kube::Client` and cached per cluster.
+//!
+//! The cache key is the Secret (namespace/name); an entry is reused only while
+//! the Secret's UID and resourceVersion are unchanged, so a rotated kubeconfig
+//! takes effect on the next reconcile. Authentication failures evict the entry;
+//! idle entries are evicted after `idle_ttl`. Failures open a per-cluster
+//! backoff window that the reconciler turns into its requeue delay, so one
+//! broken cluster costs the others nothing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcdfleet_api::EtcdCluster;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Secret;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+
+/// Where an EtcdCluster's kubeconfig lives, in the management cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KubeconfigLocation {
+    pub namespace: String,
+    pub secret_name: String,
+    pub key: String,
+}
+
+impl KubeconfigLocation {
+    /// `clusterRef` → Secret `<name>-kubeconfig`, key `value`; or the explicit
+    /// `kubeconfigSecretRef` (key default `value`). `None` when neither is set
+    /// (the CRD's CEL rule makes that impossible on a real API server).
+    pub fn of(cluster: &EtcdCluster) -> Option<Self> {
+        let namespace = cluster.metadata.namespace.clone().unwrap_or_default();
+        if let Some(r) = &cluster.spec.kubeconfig_secret_ref {
+            return Some(KubeconfigLocation {
+                namespace,
+                secret_name: r.name.clone(),
+                key: r.key.clone().unwrap_or_else(|| "value".into()),
+            });
+        }
+        cluster.spec.cluster_ref.as_ref().map(|r| KubeconfigLocation {
+            namespace,
+            secret_name: format!("{}-kubeconfig", r.name),
+            key: "value".into(),
+        })
+    }
+}
+
+impl std::fmt::Display for KubeconfigLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret {}/{} key {:?}", self.namespace, self.secret_name, self.key)
+    }
+}
+
+/// Why a workload cluster could not be reached. Messages never contain Secret data.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConnectError {
+    #[error("the EtcdCluster names no workload cluster (set clusterRef or kubeconfigSecretRef)")]
+    NoClusterReference,
+    #[error("kubeconfig {0} not found")]
+    SecretNotFound(KubeconfigLocation),
+    #[error("kubeconfig {0}: the key is missing from the Secret")]
+    SecretKeyMissing(KubeconfigLocation),
+    #[error("kubeconfig {location} is not a usable kubeconfig: {detail}")]
+    KubeconfigInvalid {
+        location: KubeconfigLocation,
+        detail: String,
+    },
+    #[error("kubeconfig {location} is not allowed: {detail}")]
+    KubeconfigNotAllowed {
+        location: KubeconfigLocation,
+        detail: String,
+    },
+    #[error("reading kubeconfig {location} from the management cluster failed: {detail}")]
+    ManagementApi {
+        location: KubeconfigLocation,
+        detail: String,
+    },
+    #[error("workload cluster {server} is unreachable: {detail}")]
+    Unreachable { server: String, detail: String },
+    #[error("workload cluster {server} rejected the credentials: {detail}")]
+    Unauthorized { server: String, detail: String },
+}
+
+impl ConnectError {
+    /// Short stable reason, used as condition reason and metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ConnectError::NoClusterReference => "NoClusterReference",
+            ConnectError::SecretNotFound(_) => "KubeconfigSecretNotFound",
+            ConnectError::SecretKeyMissing(_) => "KubeconfigKeyMissing",
+            ConnectError::KubeconfigInvalid { .. } => "KubeconfigInvalid",
+            ConnectError::KubeconfigNotAllowed { .. } => "KubeconfigNotAllowed",
+            ConnectError::ManagementApi { .. } => "ManagementAPIError",
+            ConnectError::Unreachable { .. } => "WorkloadAPIUnreachable",
+            ConnectError::Unauthorized { .. } => "WorkloadAPIUnauthorized",
+        }
+    }
+
+    /// Classifies an error returned by a workload-cluster API call.
+    pub fn from_workload(server: &str, err: &kube::Error) -> Self {
+        match err {
+            kube::Error::Api(s) if s.code == 401 || s.code == 403 => ConnectError::Unauthorized {
+                server: server.to_string(),
+                detail: format!("{} ({})", s.message, s.code),
+            },
+            other => ConnectError::Unreachable {
+                server: server.to_string(),
+                detail: other.to_string(),
+            },
+        }
+    }
+}
+
+/// Builds a client from a checked kubeconfig. Production uses
+/// [`KubeconfigClientFactory`]; tests map the server URL onto an in-memory API.
+pub trait WorkloadClientFactory: Send + Sync {
+    fn build<'a>(
+        &'a self,
+        kubeconfig: &'a Kubeconfig,
+        server: &'a str,
+    ) -> BoxFuture<'a, Result<Client, String>>;
+}
+
+/// The real factory: a `kube::Client` from the kubeconfig, with short
+/// timeouts so an unreachable cluster fails fast.
+#[derive(Debug, Clone)]
+pub struct KubeconfigClientFactory {
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+}
+
+impl Default for KubeconfigClientFactory {
+    fn default() -> Self {
+        KubeconfigClientFactory {
+            connect_timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+impl WorkloadClientFactory for KubeconfigClientFactory {
+    fn build<'a>(
+        &'a self,
+        kubeconfig: &'a Kubeconfig,
+        _server: &'a str,
+    ) -> BoxFuture<'a, Result<Client, String>> {
+        Box::pin(async move {
+            let mut config =
+                kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+            config.connect_timeout = Some(self.connect_timeout);
+            config.read_timeout = Some(self.read_timeout);
+            Client::try_from(config).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Parses and checks a kubeconfig: exactly one usable context, inline
+/// credentials only. Returns the kubeconfig and its server URL.
+pub fn check_kubeconfig(
+    location: &KubeconfigLocation,
+    text: &str,
+) -> Result<(Kubeconfig, String), ConnectError> {
+    let invalid = |detail: String| ConnectError::KubeconfigInvalid {
+        location: location.clone(),
+        detail,
+    };
+    let not_allowed = |detail: &str| ConnectError::KubeconfigNotAllowed {
+        location: location.clone(),
+        detail: detail.to_string(),
+    };
+    // The YAML error text can quote input; keep only its position.
+    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| {
+        let msg = e.to_string();
+        let position = msg
+            .find(" at line ")
+            .map(|i| msg[i..].to_string())
+            .unwrap_or_default();
+        invalid(format!("cannot parse it as a kubeconfig{position}"))
+    })?;
+    let context_name = kubeconfig
+        .current_context
+        .clone()
+        .or_else(|| (kubeconfig.contexts.len() == 1).then(|| kubeconfig.contexts[0].name.clone()))
+        .ok_or_else(|| invalid("it has no current-context".into()))?;
+    let context = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .and_then(|c| c.context.as_ref())
+        .ok_or_else(|| invalid(format!("context {context_name:?} is not defined")))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or_else(|| invalid(format!("cluster {:?} is not defined", context.cluster)))?;
+    let server = cluster
+        .server
+        .clone()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| invalid(format!("cluster {:?} has no server", context.cluster)))?;
+    let url: http::Uri = server
+        .parse()
+        .map_err(|_| invalid(format!("server {server:?} is not a URL")))?;
+    if url.scheme_str() != Some("https") && url.scheme_str() != Some("http") {
+        return Err(invalid(format!("server {server:?} is not an http(s) URL")));
+    }
+    if cluster.certificate_authority.is_some() {
+        return Err(not_allowed(
+            "cluster.certificate-authority refers to a local file; use certificate-authority-data",
+        ));
+    }
+    if let Some(user_name) = &context.user {
+        let auth = kubeconfig
+            .auth_infos
+            .iter()
+            .find(|a| &a.name == user_name)
+            .and_then(|a| a.auth_info.as_ref())
+            .ok_or_else(|| invalid(format!("user {user_name:?} is not defined")))?;
+        if auth.exec.is_some() {
+            return Err(not_allowed(
+                "user.exec runs a credential plugin; the controller runs no programs named by a kubeconfig",
+            ));
+        }
+        if auth.auth_provider.is_some() {
+            return Err(not_allowed(
+                "user.auth-provider is not supported; use a token or client certificate",
+            ));
+        }
+        if auth.token_file.is_some() {
+            return Err(not_allowed("user.tokenFile refers to a local file; use token"));
+        }
+        if auth.client_certificate.is_some() || auth.client_key.is_some() {
+            return Err(not_allowed(
+                "user.client-certificate/client-key refer to local files; use the -data fields",
+            ));
+        }
+    }
+    Ok((kubeconfig, server))
+}
+
+/// A connected workload cluster.
+#[derive(Clone)]
+pub struct WorkloadCluster {
+    /// The API server URL, which also identifies the cluster to the [`crate::dialer::EtcdDialer`].
+    pub server: String,
+    pub client: Client,
+}
+
+struct CacheEntry {
+    uid: String,
+    resource_version: String,
+    cluster: WorkloadCluster,
+    last_used: Instant,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    failures: u32,
+    until: Instant,
+}
+
+/// Tunables of the connector.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectorSettings {
+    pub idle_ttl: Duration,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for ConnectorSettings {
+    fn default() -> Self {
+        ConnectorSettings {
+            idle_ttl: Duration::from_secs(15 * 60),
+            backoff_base: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+/// Builds and caches workload-cluster clients from kubeconfig Secrets.
+pub struct WorkloadClusterConnector {
+    management: Client,
+    factory: Arc<dyn WorkloadClientFactory>,
+    settings: ConnectorSettings,
+    cache: Mutex<HashMap<KubeconfigLocation, CacheEntry>>,
+    backoff: Mutex<HashMap<KubeconfigLocation, Backoff>>,
+}
+
+impl WorkloadClusterConnector {
+    pub fn new(
+        management: Client,
+        factory: Arc<dyn WorkloadClientFactory>,
+        settings: ConnectorSettings,
+    ) -> Self {
+        WorkloadClusterConnector {
+            management,
+            factory,
+            settings,
+            cache: Mutex::new(HashMap::new()),
+            backoff: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reads the kubeconfig Secret (one GET) and returns a client for its
+    /// cluster, reusing the cached one while the Secret is unchanged.
+    pub async fn connect(
+        &self,
+        location: &KubeconfigLocation,
+    ) -> Result<WorkloadCluster, ConnectError> {
+        let secrets: Api<Secret> = Api::namespaced(self.management.clone(), &location.namespace);
+        let secret = match secrets.get_opt(&location.secret_name).await {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                self.evict(location);
+                return Err(ConnectError::SecretNotFound(location.clone()));
+            }
+            Err(e) => {
+                return Err(ConnectError::ManagementApi {
+                    location: location.clone(),
+                    detail: e.to_string(),
+                });
+            }
+        };
+        let uid = secret.metadata.uid.clone().unwrap_or_default();
+        let resource_version = secret.metadata.resource_version.clone().unwrap_or_default();
+        {
+            let mut cache = self.cache.lock().expect("connector cache poisoned");
+            if let Some(entry) = cache.get_mut(location)
+                && entry.uid == uid
+                && entry.resource_version == resource_version
+            {
+                entry.last_used = Instant::now();
+                return Ok(entry.cluster.clone());
+            }
+        }
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&location.key))
+            .map(|b| b.0.clone())
+            .or_else(|| {
+                secret
+                    .string_data
+                    .as_ref()
+                    .and_then(|d| d.get(&location.key))
+                    .map(|s| s.clone().into_bytes())
+            })
+            .ok_or_else(|| ConnectError::SecretKeyMissing(location.clone()))?;
+        let text = String::from_utf8(bytes).map_err(|_| ConnectError::KubeconfigInvalid {
+            location: location.clone(),
+            detail: "it is not UTF-8 text".into(),
+        })?;
+        let (kubeconfig, server) = check_kubeconfig(location, &text)?;
+        let client = self
+            .factory
+            .build(&kubeconfig, &server)
+            .await
+            .map_err(|detail| ConnectError::KubeconfigInvalid {
+                location: location.clone(),
+                detail: format!("cannot build a client from it: {detail}"),
+            })?;
+        let cluster = WorkloadCluster { server, client };
+        self.cache.lock().expect("connector cache poisoned").insert(
+            location.clone(),
+            CacheEntry {
+                uid,
+                resource_version,
+                cluster: cluster.clone(),
+                last_used: Instant::now(),
+            },
+        );
+        Ok(cluster)
+    }
+
+    /// Records a failure of this cluster: opens (or widens) its backoff
+    /// window, and drops the cached client on an authentication failure.
+    /// Returns how long to wait before trying it again.
+    pub fn record_failure(&self, location: &KubeconfigLocation, err: &ConnectError) -> Duration {
+        if matches!(err, ConnectError::Unauthorized { .. }) {
+            self.evict(location);
+        }
+        let mut backoff = self.backoff.lock().expect("connector backoff poisoned");
+        let entry = backoff.entry(location.clone()).or_insert(Backoff {
+            failures: 0,
+            until: Instant::now(),
+        });
+        entry.failures = entry.failures.saturating_add(1);
+        let delay = self
+            .settings
+            .backoff_base
+            .saturating_mul(1u32 << (entry.failures - 1).min(16))
+            .min(self.settings.backoff_max);
+        entry.until = Instant::now() + delay;
+        delay
+    }
+
+    /// Clears the backoff of a cluster after a successful reconcile.
+    pub fn record_success(&self, location: &KubeconfigLocation) {
+        self.backoff
+            .lock()
+            .expect("connector backoff poisoned")
+            .remove(location);
+    }
+
+    /// Remaining backoff of a cluster, if it is in one.
+    pub fn backoff_remaining(&self, location: &KubeconfigLocation) -> Option<Duration> {
+        let backoff = self.backoff.lock().expect("connector backoff poisoned");
+        backoff
+            .get(location)
+            .and_then(|b| b.until.checked_duration_since(Instant::now()))
+    }
+
+    /// Forgets the cached client of a cluster.
+    pub fn evict(&self, location: &KubeconfigLocation) {
+        self.cache
+            .lock()
+            .expect("connector cache poisoned")
+            .remove(location);
+    }
+
+    /// Drops clients unused for longer than the idle TTL. Returns how many.
+    pub fn evict_idle(&self) -> usize {
+        let ttl = self.settings.idle_ttl;
+        let mut cache = self.cache.lock().expect("connector cache poisoned");
+        let before = cache.len();
+        cache.retain(|_, e| e.last_used.elapsed() < ttl);
+        before - cache.len()
+    }
+
+    /// Number of cached clients.
+    pub fn cached(&self) -> usize {
+        self.cache.lock().expect("connector cache poisoned").len()
+    }
+}
