@@ -1,5 +1,5 @@
-
-pub mod etcd;
-pub mod pki;
 pub mod connector;
 pub mod dialer;
+pub mod etcd;
+pub mod pki;
+pub mod render;

@@ -1,0 +1,823 @@
+//! What etcdfleet writes into a workload cluster, as a pure function of
+//! [`RenderInputs`] (the cluster's identity and its resolved spec).
+//!
+//! The render contract: every object carries, in the annotation
+//! [`INPUTS_HASH`], a hash of the inputs it was rendered from — not of the
+//! rendered output. The controller writes an object only when it is missing,
+//! when that hash differs, or when a guarded field drifted ([`drift`]). A
+//! controller release that renders differently therefore writes nothing until
+//! a CR changes. StatefulSet `replicas` and the members ConfigMap are not
+//! rendered from the spec: they are membership state that the planner moves
+//! one step at a time.
+
+use std::collections::BTreeMap;
+
+use etcdfleet_api::PodTemplateOverrides;
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, Namespace, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+
+/// Annotation holding the hash of the inputs an object was rendered from.
+pub const INPUTS_HASH: &str = "etcdfleet.dev/inputs-hash";
+/// Label naming the management-side owner (`<namespace>.<name>`) of a workload object.
+/// Workload objects never carry ownerReferences across clusters.
+pub const OWNER_LABEL: &str = "etcdfleet.dev/owner";
+pub const CLIENT_PORT: u16 = 2379;
+pub const PEER_PORT: u16 = 2380;
+pub const METRICS_PORT: u16 = 2381;
+/// Key of the members ConfigMap with etcd's `--initial-cluster`.
+pub const INITIAL_CLUSTER_KEY: &str = "initial-cluster";
+/// Key of the members ConfigMap with etcd's `--initial-cluster-state`.
+pub const INITIAL_CLUSTER_STATE_KEY: &str = "initial-cluster-state";
+const DATA_MOUNT: &str = "/var/lib/etcd";
+const SERVER_TLS_MOUNT: &str = "/etc/etcd/tls/server";
+const PEER_TLS_MOUNT: &str = "/etc/etcd/tls/peer";
+
+/// Everything a workload object is rendered from. Field order and names are
+/// part of the hash: add new fields as `Option`s skipped when `None`, so that
+/// existing clusters keep their hash.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenderInputs {
+    /// EtcdCluster name.
+    pub name: String,
+    /// EtcdCluster namespace in the management cluster.
+    pub owner_namespace: String,
+    /// EtcdCluster UID: makes the etcd cluster token unique.
+    pub uid: String,
+    pub workload_namespace: String,
+    pub image: String,
+    pub version: String,
+    pub tls: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<String>,
+    pub storage_size: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    pub pod: PodTemplateOverrides,
+    pub heartbeat_interval_millis: i32,
+    pub election_timeout_millis: i32,
+    pub quota_backend_bytes: i64,
+    pub snapshot_count: i64,
+    pub auto_compaction_retention: String,
+}
+
+/// How this controller release renders. Tests switch to a "next release"
+/// profile to prove that a rendering change alone writes nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RenderProfile {
+    /// Extra labels on every pod template (what a later release might add).
+    pub extra_pod_labels: BTreeMap<String, String>,
+}
+
+/// Deterministic names of everything one EtcdCluster owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub cluster: String,
+    pub namespace: String,
+}
+
+impl Names {
+    pub fn new(cluster: &str, namespace: &str) -> Self {
+        Names {
+            cluster: cluster.to_string(),
+            namespace: namespace.to_string(),
+        }
+    }
+    pub fn statefulset(&self) -> String {
+        format!("{}-etcd", self.cluster)
+    }
+    pub fn peer_service(&self) -> String {
+        format!("{}-etcd-peer", self.cluster)
+    }
+    pub fn client_service(&self) -> String {
+        format!("{}-etcd-client", self.cluster)
+    }
+    pub fn members_configmap(&self) -> String {
+        format!("{}-etcd-members", self.cluster)
+    }
+    pub fn pdb(&self) -> String {
+        format!("{}-etcd", self.cluster)
+    }
+    pub fn server_tls_secret(&self) -> String {
+        format!("{}-etcd-server-tls", self.cluster)
+    }
+    pub fn peer_tls_secret(&self) -> String {
+        format!("{}-etcd-peer-tls", self.cluster)
+    }
+    /// Management-cluster Secret with the CA and the controller's client identity.
+    pub fn pki_secret(&self) -> String {
+        format!("{}-etcd-pki", self.cluster)
+    }
+    pub fn pod(&self, ordinal: u32) -> String {
+        format!("{}-etcd-{ordinal}", self.cluster)
+    }
+    pub fn pvc(&self, ordinal: u32) -> String {
+        format!("data-{}", self.pod(ordinal))
+    }
+    /// Ordinal of a pod or member name of this cluster.
+    pub fn ordinal_of(&self, pod_name: &str) -> Option<u32> {
+        pod_name
+            .strip_prefix(&format!("{}-etcd-", self.cluster))
+            .and_then(|s| s.parse().ok())
+    }
+    /// In-cluster DNS name of a member.
+    pub fn member_host(&self, ordinal: u32) -> String {
+        format!(
+            "{}.{}.{}.svc",
+            self.pod(ordinal),
+            self.peer_service(),
+            self.namespace
+        )
+    }
+    /// DNS name of the client Service; every member's server certificate carries it,
+    /// and the controller verifies TLS against it.
+    pub fn client_service_host(&self) -> String {
+        format!("{}.{}.svc", self.client_service(), self.namespace)
+    }
+    pub fn peer_url(&self, ordinal: u32, tls: bool) -> String {
+        format!(
+            "{}://{}:{PEER_PORT}",
+            scheme(tls),
+            self.member_host(ordinal)
+        )
+    }
+    pub fn client_url(&self, ordinal: u32, tls: bool) -> String {
+        format!(
+            "{}://{}:{CLIENT_PORT}",
+            scheme(tls),
+            self.member_host(ordinal)
+        )
+    }
+    /// Ordinal of the member whose peer URL this is.
+    pub fn ordinal_of_peer_url(&self, url: &str) -> Option<u32> {
+        let host = url.split("://").nth(1)?.split(':').next()?;
+        let pod = host.split('.').next()?;
+        if host != format!("{pod}.{}.{}.svc", self.peer_service(), self.namespace) {
+            return None;
+        }
+        self.ordinal_of(pod)
+    }
+    /// SANs of the server/peer certificate shared by all members.
+    pub fn member_dns_names(&self) -> Vec<String> {
+        vec![
+            format!("*.{}.{}.svc", self.peer_service(), self.namespace),
+            format!(
+                "*.{}.{}.svc.cluster.local",
+                self.peer_service(),
+                self.namespace
+            ),
+            self.client_service_host(),
+            format!("{}.cluster.local", self.client_service_host()),
+            "localhost".to_string(),
+        ]
+    }
+}
+
+fn scheme(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
+}
+
+/// Labels selecting the pods of one cluster.
+pub fn selector_labels(names: &Names) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "etcd".to_string()),
+        (
+            "app.kubernetes.io/instance".to_string(),
+            names.cluster.clone(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "etcdfleet".to_string(),
+        ),
+    ])
+}
+
+/// `app.kubernetes.io/...=...` selector string for list calls and `/scale`.
+pub fn selector_string(names: &Names) -> String {
+    selector_labels(names)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn hash_of<T: Serialize>(kind: &str, value: &T) -> String {
+    let json = serde_json::to_vec(value).expect("render inputs serialize");
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(kind.as_bytes());
+    ctx.update(&[0]);
+    ctx.update(&json);
+    let digest = ctx.finish();
+    digest.as_ref()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The identity part of the inputs: what Services, PDB and certificates depend on.
+#[derive(Serialize)]
+struct IdentityInputs<'a> {
+    name: &'a str,
+    owner_namespace: &'a str,
+    workload_namespace: &'a str,
+    tls: bool,
+}
+
+impl RenderInputs {
+    pub fn names(&self) -> Names {
+        Names::new(&self.name, &self.workload_namespace)
+    }
+    fn identity(&self) -> IdentityInputs<'_> {
+        IdentityInputs {
+            name: &self.name,
+            owner_namespace: &self.owner_namespace,
+            workload_namespace: &self.workload_namespace,
+            tls: self.tls,
+        }
+    }
+    /// Hash of the inputs of the StatefulSet: everything.
+    pub fn statefulset_hash(&self) -> String {
+        hash_of("StatefulSet", self)
+    }
+    /// Hash of the inputs of Services, PDB and TLS Secrets: the identity.
+    pub fn identity_hash(&self, kind: &str) -> String {
+        hash_of(kind, &self.identity())
+    }
+    pub fn owner_label(&self) -> String {
+        format!("{}.{}", self.owner_namespace, self.name)
+    }
+}
+
+fn meta(inputs: &RenderInputs, name: String, hash: String) -> ObjectMeta {
+    let mut labels = selector_labels(&inputs.names());
+    labels.insert(OWNER_LABEL.to_string(), inputs.owner_label());
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(inputs.workload_namespace.clone()),
+        labels: Some(labels),
+        annotations: Some(BTreeMap::from([(INPUTS_HASH.to_string(), hash)])),
+        ..Default::default()
+    }
+}
+
+pub fn namespace(inputs: &RenderInputs) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(inputs.workload_namespace.clone()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "etcdfleet".to_string(),
+            )])),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn port(name: &str, port: u16) -> ServicePort {
+    ServicePort {
+        name: Some(name.to_string()),
+        port: port.into(),
+        target_port: Some(IntOrString::Int(port.into())),
+        protocol: Some("TCP".to_string()),
+        ..Default::default()
+    }
+}
+
+/// Headless Service giving every member a stable DNS name, ready or not.
+pub fn peer_service(inputs: &RenderInputs) -> Service {
+    let names = inputs.names();
+    Service {
+        metadata: meta(
+            inputs,
+            names.peer_service(),
+            inputs.identity_hash("PeerService"),
+        ),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector_labels(&names)),
+            ports: Some(vec![port("peer", PEER_PORT), port("client", CLIENT_PORT)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// ClusterIP Service for etcd clients (the workload API server).
+pub fn client_service(inputs: &RenderInputs) -> Service {
+    let names = inputs.names();
+    Service {
+        metadata: meta(
+            inputs,
+            names.client_service(),
+            inputs.identity_hash("ClientService"),
+        ),
+        spec: Some(ServiceSpec {
+            selector: Some(selector_labels(&names)),
+            ports: Some(vec![port("client", CLIENT_PORT)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// At most one member down by voluntary disruption: etcd tolerates one loss
+/// at the sizes this controller runs only if nothing else is down.
+pub fn pdb(inputs: &RenderInputs) -> PodDisruptionBudget {
+    let names = inputs.names();
+    PodDisruptionBudget {
+        metadata: meta(
+            inputs,
+            names.pdb(),
+            inputs.identity_hash("PodDisruptionBudget"),
+        ),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(&names)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The members ConfigMap: `initial-cluster` and `initial-cluster-state` that a
+/// member reads when it first starts on an empty data dir (ignored after).
+pub fn members_configmap(inputs: &RenderInputs, initial_cluster: &str, state: &str) -> ConfigMap {
+    let names = inputs.names();
+    let mut cm = ConfigMap {
+        metadata: meta(inputs, names.members_configmap(), String::new()),
+        data: Some(BTreeMap::from([
+            (INITIAL_CLUSTER_KEY.to_string(), initial_cluster.to_string()),
+            (INITIAL_CLUSTER_STATE_KEY.to_string(), state.to_string()),
+        ])),
+        ..Default::default()
+    };
+    // Membership state, not rendered from the spec: no inputs hash.
+    cm.metadata.annotations = None;
+    cm
+}
+
+/// `name=peerURL` pairs for `--initial-cluster`.
+pub fn initial_cluster(
+    names: &Names,
+    tls: bool,
+    ordinals: impl IntoIterator<Item = u32>,
+) -> String {
+    ordinals
+        .into_iter()
+        .map(|o| format!("{}={}", names.pod(o), names.peer_url(o, tls)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn env_configmap(name: &str, configmap: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: configmap.to_string(),
+                key: key.to_string(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// etcd's command line for a member; `$(POD_NAME)` is expanded by the kubelet.
+pub fn etcd_args(inputs: &RenderInputs) -> Vec<String> {
+    let names = inputs.names();
+    let s = scheme(inputs.tls);
+    let host = format!(
+        "$(POD_NAME).{}.{}.svc",
+        names.peer_service(),
+        inputs.workload_namespace
+    );
+    let mut args = vec![
+        "--name=$(POD_NAME)".to_string(),
+        format!("--data-dir={DATA_MOUNT}/data"),
+        format!("--listen-peer-urls={s}://0.0.0.0:{PEER_PORT}"),
+        format!("--listen-client-urls={s}://0.0.0.0:{CLIENT_PORT}"),
+        format!("--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}"),
+        format!("--advertise-client-urls={s}://{host}:{CLIENT_PORT}"),
+        format!("--initial-advertise-peer-urls={s}://{host}:{PEER_PORT}"),
+        format!(
+            "--initial-cluster-token={}-{}",
+            inputs.name,
+            inputs.uid.split('-').next().unwrap_or_default()
+        ),
+        format!("--heartbeat-interval={}", inputs.heartbeat_interval_millis),
+        format!("--election-timeout={}", inputs.election_timeout_millis),
+        format!("--quota-backend-bytes={}", inputs.quota_backend_bytes),
+        format!("--snapshot-count={}", inputs.snapshot_count),
+        "--auto-compaction-mode=periodic".to_string(),
+        format!(
+            "--auto-compaction-retention={}",
+            inputs.auto_compaction_retention
+        ),
+    ];
+    if inputs.tls {
+        args.extend([
+            "--client-cert-auth=true".to_string(),
+            format!("--trusted-ca-file={SERVER_TLS_MOUNT}/ca.crt"),
+            format!("--cert-file={SERVER_TLS_MOUNT}/tls.crt"),
+            format!("--key-file={SERVER_TLS_MOUNT}/tls.key"),
+            "--peer-client-cert-auth=true".to_string(),
+            format!("--peer-trusted-ca-file={PEER_TLS_MOUNT}/ca.crt"),
+            format!("--peer-cert-file={PEER_TLS_MOUNT}/tls.crt"),
+            format!("--peer-key-file={PEER_TLS_MOUNT}/tls.key"),
+        ]);
+    }
+    args
+}
+
+fn default_affinity(names: &Names) -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        topology_key: "kubernetes.io/hostname".to_string(),
+                        label_selector: Some(LabelSelector {
+                            match_labels: Some(selector_labels(names)),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The member StatefulSet. `replicas` is the planner's, not the spec's.
+pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32) -> StatefulSet {
+    let names = inputs.names();
+    let mut pod_labels = selector_labels(&names);
+    pod_labels.insert(OWNER_LABEL.to_string(), inputs.owner_label());
+    if let Some(extra) = &inputs.pod.labels {
+        for (k, v) in extra {
+            pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    for (k, v) in &profile.extra_pod_labels {
+        pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    let mut mounts = vec![VolumeMount {
+        name: "data".to_string(),
+        mount_path: DATA_MOUNT.to_string(),
+        ..Default::default()
+    }];
+    let mut volumes = vec![];
+    if inputs.tls {
+        for (vol, secret, path) in [
+            ("server-tls", names.server_tls_secret(), SERVER_TLS_MOUNT),
+            ("peer-tls", names.peer_tls_secret(), PEER_TLS_MOUNT),
+        ] {
+            mounts.push(VolumeMount {
+                name: vol.to_string(),
+                mount_path: path.to_string(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+            volumes.push(Volume {
+                name: vol.to_string(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret),
+                    default_mode: Some(0o400),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    let probe = |failure_threshold: i32, initial_delay: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/health?serializable=true".to_string()),
+            port: IntOrString::Int(METRICS_PORT.into()),
+            scheme: Some("HTTP".to_string()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(initial_delay),
+        period_seconds: Some(10),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(failure_threshold),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "etcd".to_string(),
+        image: Some(inputs.image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        command: Some(vec!["etcd".to_string()]),
+        args: Some(etcd_args(inputs)),
+        env: Some(vec![
+            env_field("POD_NAME", "metadata.name"),
+            env_field("POD_NAMESPACE", "metadata.namespace"),
+            env_configmap(
+                "ETCD_INITIAL_CLUSTER",
+                &names.members_configmap(),
+                INITIAL_CLUSTER_KEY,
+            ),
+            env_configmap(
+                "ETCD_INITIAL_CLUSTER_STATE",
+                &names.members_configmap(),
+                INITIAL_CLUSTER_STATE_KEY,
+            ),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("client".into()),
+                container_port: CLIENT_PORT.into(),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("peer".into()),
+                container_port: PEER_PORT.into(),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: METRICS_PORT.into(),
+                ..Default::default()
+            },
+        ]),
+        resources: inputs.resources.clone(),
+        volume_mounts: Some(mounts),
+        startup_probe: Some(probe(24, 5)),
+        liveness_probe: Some(probe(8, 0)),
+        ..Default::default()
+    };
+    let overrides = &inputs.pod;
+    let mut storage_request = BTreeMap::new();
+    storage_request.insert("storage".to_string(), Quantity(inputs.storage_size.clone()));
+    StatefulSet {
+        metadata: meta(inputs, names.statefulset(), inputs.statefulset_hash()),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(replicas),
+            service_name: Some(names.peer_service()),
+            pod_management_policy: Some("Parallel".to_string()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("OnDelete".to_string()),
+                ..Default::default()
+            }),
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some("Retain".to_string()),
+                    when_scaled: Some("Retain".to_string()),
+                },
+            ),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(&names)),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: overrides.annotations.clone(),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    node_selector: overrides.node_selector.clone(),
+                    tolerations: overrides.tolerations.clone(),
+                    affinity: Some(
+                        overrides
+                            .affinity
+                            .clone()
+                            .unwrap_or_else(|| default_affinity(&names)),
+                    ),
+                    priority_class_name: overrides.priority_class_name.clone(),
+                    termination_grace_period_seconds: Some(30),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    name: Some("data".to_string()),
+                    labels: Some(selector_labels(&names)),
+                    ..Default::default()
+                },
+                spec: Some(PersistentVolumeClaimSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".to_string()]),
+                    storage_class_name: inputs.storage_class.clone(),
+                    resources: Some(VolumeResourceRequirements {
+                        requests: Some(storage_request),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The image the StatefulSet's etcd container runs.
+pub fn statefulset_image(sts: &StatefulSet) -> Option<&str> {
+    sts.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == "etcd")?
+        .image
+        .as_deref()
+}
+
+/// The inputs hash an object carries, if any.
+pub fn carried_hash(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()?
+        .get(INPUTS_HASH)
+        .map(String::as_str)
+}
+
+/// Why an existing StatefulSet must be rewritten, if it must: its inputs hash
+/// differs, or a guarded field (the image) drifted from what the inputs say.
+pub fn drift(existing: &StatefulSet, inputs: &RenderInputs) -> Option<String> {
+    let want = inputs.statefulset_hash();
+    match carried_hash(&existing.metadata) {
+        Some(h) if h == want => {}
+        Some(h) => return Some(format!("inputs changed (hash {h} → {want})")),
+        None => return Some("no inputs hash".to_string()),
+    }
+    match statefulset_image(existing) {
+        Some(img) if img == inputs.image => None,
+        other => Some(format!(
+            "image drifted: {} (want {})",
+            other.unwrap_or("none"),
+            inputs.image
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> RenderInputs {
+        RenderInputs {
+            name: "main".into(),
+            owner_namespace: "team-a".into(),
+            uid: "1234abcd-0000".into(),
+            workload_namespace: "etcd-system".into(),
+            image: "gcr.io/etcd-development/etcd:v3.5.1".into(),
+            version: "3.5.1".into(),
+            tls: true,
+            storage_class: None,
+            storage_size: "8Gi".into(),
+            resources: None,
+            pod: PodTemplateOverrides::default(),
+            heartbeat_interval_millis: 100,
+            election_timeout_millis: 1000,
+            quota_backend_bytes: 2 << 30,
+            snapshot_count: 10000,
+            auto_compaction_retention: "1h".into(),
+        }
+    }
+
+    #[test]
+    fn names_are_deterministic_and_parse_back() {
+        let n = Names::new("main", "etcd-system");
+        assert_eq!(n.pod(2), "main-etcd-2");
+        assert_eq!(n.pvc(2), "data-main-etcd-2");
+        assert_eq!(
+            n.peer_url(1, true),
+            "https://main-etcd-1.main-etcd-peer.etcd-system.svc:2380"
+        );
+        assert_eq!(n.ordinal_of_peer_url(&n.peer_url(4, false)), Some(4));
+        assert_eq!(
+            n.ordinal_of_peer_url("https://main-etcd-1.other-peer.etcd-system.svc:2380"),
+            None
+        );
+        assert_eq!(n.ordinal_of("main-etcd-x"), None);
+        assert_eq!(
+            initial_cluster(&n, false, [0, 1]),
+            "main-etcd-0=http://main-etcd-0.main-etcd-peer.etcd-system.svc:2380,main-etcd-1=http://main-etcd-1.main-etcd-peer.etcd-system.svc:2380"
+        );
+    }
+
+    #[test]
+    fn hash_depends_on_inputs_not_on_profile() {
+        let a = inputs();
+        let sts = statefulset(&a, &RenderProfile::default(), 3);
+        let mut profile = RenderProfile::default();
+        profile
+            .extra_pod_labels
+            .insert("next-release".into(), "yes".into());
+        let next = statefulset(&a, &profile, 3);
+        assert_ne!(sts, next, "the next-release profile renders differently");
+        assert_eq!(carried_hash(&sts.metadata), carried_hash(&next.metadata));
+        assert_eq!(drift(&next, &a), None);
+
+        let mut b = a.clone();
+        b.version = "3.5.2".into();
+        b.image = "gcr.io/etcd-development/etcd:v3.5.2".into();
+        assert!(drift(&sts, &b).unwrap().contains("inputs changed"));
+        // identity objects do not change with the version
+        assert_eq!(
+            a.identity_hash("PeerService"),
+            b.identity_hash("PeerService")
+        );
+    }
+
+    #[test]
+    fn image_drift_is_detected_even_with_the_same_hash() {
+        let a = inputs();
+        let mut sts = statefulset(&a, &RenderProfile::default(), 1);
+        sts.spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("evil:latest".into());
+        assert!(drift(&sts, &a).unwrap().contains("image drifted"));
+    }
+
+    #[test]
+    fn statefulset_is_ondelete_retains_pvcs_and_reads_membership_from_configmap() {
+        let sts = statefulset(&inputs(), &RenderProfile::default(), 1);
+        let spec = sts.spec.unwrap();
+        assert_eq!(
+            spec.update_strategy.unwrap().type_.as_deref(),
+            Some("OnDelete")
+        );
+        let retention = spec.persistent_volume_claim_retention_policy.unwrap();
+        assert_eq!(retention.when_deleted.as_deref(), Some("Retain"));
+        assert_eq!(retention.when_scaled.as_deref(), Some("Retain"));
+        let c = &spec.template.spec.unwrap().containers[0];
+        let env: Vec<_> = c
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert!(env.contains(&"ETCD_INITIAL_CLUSTER"));
+        assert!(env.contains(&"ETCD_INITIAL_CLUSTER_STATE"));
+        let args = c.args.as_ref().unwrap();
+        assert!(args.contains(&"--client-cert-auth=true".to_string()));
+        assert!(args.iter().any(|a| a.starts_with(
+            "--advertise-client-urls=https://$(POD_NAME).main-etcd-peer.etcd-system.svc:2379"
+        )));
+        assert!(
+            sts.metadata.owner_references.is_none(),
+            "no cross-cluster owners"
+        );
+    }
+
+    #[test]
+    fn plain_http_without_tls() {
+        let mut i = inputs();
+        i.tls = false;
+        let args = etcd_args(&i);
+        assert!(
+            args.iter()
+                .all(|a| !a.contains("https") && !a.contains("cert"))
+        );
+    }
+}
