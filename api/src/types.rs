@@ -21,7 +21,8 @@ pub struct EtcdConfig {
     /// etcd version to run, a full semantic version `MAJOR.MINOR.PATCH` such as `3.5.1`.
     /// Changing it starts a rolling upgrade if the version policy accepts the change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.matches('^[0-9]+\\\\.[0-9]+\\\\.[0-9]+$')").message("version must be a full semantic version MAJOR.MINOR.PATCH, e.g. 3.5.1"))]
+    // RE2 as the API server evaluates it; semver forbids leading zeros.
+    #[x_kube(validation = Rule::new("self.matches('^(0|[1-9][0-9]*)[.](0|[1-9][0-9]*)[.](0|[1-9][0-9]*)$')").message("version must be a full semantic version MAJOR.MINOR.PATCH, e.g. 3.5.1"))]
     pub version: Option<String>,
 
     /// Number of voting etcd members: odd, from 1 to 7.
@@ -63,20 +64,18 @@ pub struct EtcdConfig {
     pub backup: Option<BackupSpec>,
 }
 
-/// Persistent volume of each member. Both fields are immutable once set.
+/// Persistent volume of each member. On an `EtcdCluster` both fields are
+/// immutable once set (the rules live on `EtcdClusterSpec`, so templates stay
+/// editable: editing a template never changes an existing cluster).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(oldSelf.storageClassName) || has(self.storageClassName)").message("storageClassName cannot be removed once set"))]
-#[x_kube(validation = Rule::new("!has(oldSelf.size) || has(self.size)").message("size cannot be removed once set"))]
 pub struct StorageSpec {
-    /// StorageClass of the member PersistentVolumeClaims; immutable once set.
+    /// StorageClass of the member PersistentVolumeClaims; immutable once set on a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("storageClassName is immutable once set"))]
     pub storage_class_name: Option<String>,
 
-    /// Size of each member's volume, e.g. `8Gi`; immutable once set.
+    /// Size of each member's volume, e.g. `8Gi`; immutable once set on a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("size is immutable once set"))]
     pub size: Option<Quantity>,
 }
 
@@ -234,6 +233,12 @@ pub struct TemplateRef {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.clusterRef) != has(self.kubeconfigSecretRef)").message("exactly one of clusterRef or kubeconfigSecretRef must be set"))]
+// Storage immutability: transition rules on the spec (not on `StorageSpec`,
+// which templates share) so that a value may be set the first time (by the
+// user or by materialization) but never changed or removed afterwards,
+// including by removing `storage` as a whole.
+#[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.storageClassName) || (has(self.storage) && has(self.storage.storageClassName) && self.storage.storageClassName == oldSelf.storage.storageClassName)").message("storage.storageClassName is immutable once set: it can be neither changed nor removed").field_path(".storage.storageClassName"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.size) || (has(self.storage) && has(self.storage.size) && self.storage.size == oldSelf.storage.size)").message("storage.size is immutable once set: it can be neither changed nor removed").field_path(".storage.size"))]
 pub struct EtcdClusterSpec {
     /// The workload cluster (kubeconfig Secret `<name>-kubeconfig`, key `value`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -386,6 +391,10 @@ pub struct MemberStatus {
     /// Why the member is not healthy, if it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Since when the member has been seen unhealthy without a break; a member
+    /// unhealthy for longer than the failure grace period is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_since: Option<Time>,
 }
 
 /// Where the defaults of a cluster came from.
