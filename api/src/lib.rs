@@ -3,7 +3,9 @@
 //! nothing in this crate performs I/O.
 
 pub mod conditions;
+pub mod template;
 pub mod types;
+pub mod version;
 
 pub use types::*;
 

@@ -5,6 +5,10 @@
 //! which template, paused), so the three kinds share one vocabulary and template
 //! resolution is a field-by-field merge of one type.
 
+// kube's `printcolumn(...)` entries repeat `type_ = ...`, which clippy takes
+// for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
@@ -226,10 +230,22 @@ pub struct TemplateRef {
     scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyMembers"),
-    printcolumn(name = "Version", type_ = "string", json_path = ".status.currentVersion"),
-    printcolumn(name = "Available", type_ = "string", json_path = ".status.conditions[?(@.type==\"Available\")].status"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    cel,
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".status.currentVersion"
+    ),
+    printcolumn(
+        name = "Available",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Available\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    cel
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.clusterRef) != has(self.kubeconfigSecretRef)").message("exactly one of clusterRef or kubeconfigSecretRef must be set"))]
@@ -275,8 +291,12 @@ pub struct EtcdClusterSpec {
     printcolumn(name = "Base", type_ = "string", json_path = ".spec.baseTemplate"),
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    cel,
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    cel
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdTemplateSpec {
@@ -300,8 +320,12 @@ pub struct EtcdTemplateSpec {
     doc = "Cluster-wide defaults for EtcdClusters, published by the platform team.",
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    cel,
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    cel
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterEtcdTemplateSpec {
