@@ -1,4 +1,5 @@
 pub mod connector;
+pub mod crd;
 pub mod dialer;
 pub mod etcd;
 pub mod pki;

@@ -1,0 +1,474 @@
+//! The CRDs: the committed YAML matches the types, the schemas are structural
+//! (what the API server demands of `apiextensions.k8s.io/v1`), and every CEL
+//! rule accepts and rejects what it should, evaluated with kube's CEL.
+
+use std::path::PathBuf;
+
+use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, EtcdTemplate};
+use etcdfleet_controllers::crd;
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn committed_crds_match_the_types() {
+    let dir = repo_root().join("config/crd");
+    let files = crd::render_files().expect("CRDs render");
+    assert_eq!(files.len(), 4, "three CRDs and a kustomization");
+    for file in files {
+        let path = dir.join(&file.file_name);
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == file.content,
+            "{} is out of date with the Rust types in api/: run `make crds` and commit the result",
+            path.display()
+        );
+    }
+    // No stale file lingers next to the generated ones.
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let mut expected: Vec<String> = crd::render_files()
+        .unwrap()
+        .into_iter()
+        .map(|f| f.file_name)
+        .collect();
+    expected.sort();
+    assert_eq!(
+        on_disk, expected,
+        "config/crd holds files crdgen does not write: run `make crds`"
+    );
+}
+
+#[test]
+fn crdgen_stream_holds_every_crd() {
+    let stream = crd::render_stream().unwrap();
+    assert!(stream.starts_with(crd::GENERATED_HEADER));
+    let docs: Vec<Value> = stream
+        .split("\n---\n")
+        .skip(1)
+        .map(|doc| serde_yaml::from_str(doc).unwrap())
+        .collect();
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "etcdclusters.etcdfleet.dev",
+            "etcdtemplates.etcdfleet.dev",
+            "clusteretcdtemplates.etcdfleet.dev"
+        ]
+    );
+}
+
+fn crd_json(name: &str) -> Value {
+    let file = crd::render_files()
+        .unwrap()
+        .into_iter()
+        .find(|f| f.file_name == format!("{name}.yaml"))
+        .unwrap();
+    serde_yaml::from_str(&file.content).unwrap()
+}
+
+const CRD_NAMES: [&str; 3] = [
+    "etcdclusters.etcdfleet.dev",
+    "etcdtemplates.etcdfleet.dev",
+    "clusteretcdtemplates.etcdfleet.dev",
+];
+
+/// Keys a schema inside `anyOf`/`oneOf`/`allOf`/`not` must not carry in a
+/// structural schema (they may only hold value validations).
+const NOT_IN_JUNCTORS: &[&str] = &[
+    "type",
+    "description",
+    "default",
+    "nullable",
+    "additionalProperties",
+    "title",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-embedded-resource",
+    "x-kubernetes-list-type",
+    "x-kubernetes-map-type",
+    "x-kubernetes-validations",
+];
+
+/// Walks a schema node; pushes every violation (with its path) into `errors`.
+fn check_structural(node: &Value, path: &str, errors: &mut Vec<String>) {
+    let Some(obj) = node.as_object() else {
+        errors.push(format!("{path}: schema node is not an object"));
+        return;
+    };
+    if obj.contains_key("$ref") {
+        errors.push(format!("{path}: $ref is not allowed"));
+    }
+    let untyped_ok = obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true))
+        || obj.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+    if !obj.contains_key("type") && !untyped_ok {
+        errors.push(format!("{path}: no type"));
+    }
+    if obj.contains_key("properties") && obj.contains_key("additionalProperties") {
+        errors.push(format!("{path}: both properties and additionalProperties"));
+    }
+    if let Some(Value::Object(props)) = obj.get("properties") {
+        for (key, child) in props {
+            check_structural(child, &format!("{path}.{key}"), errors);
+        }
+    }
+    if let Some(items) = obj.get("items") {
+        check_structural(items, &format!("{path}[]"), errors);
+    }
+    if let Some(additional) = obj.get("additionalProperties")
+        && additional.is_object()
+    {
+        check_structural(additional, &format!("{path}{{*}}"), errors);
+    }
+    for junctor in ["anyOf", "oneOf", "allOf"] {
+        if let Some(Value::Array(subs)) = obj.get(junctor) {
+            for (i, sub) in subs.iter().enumerate() {
+                check_junctor(sub, &format!("{path}.{junctor}[{i}]"), errors);
+            }
+        }
+    }
+    if let Some(sub) = obj.get("not") {
+        check_junctor(sub, &format!("{path}.not"), errors);
+    }
+}
+
+fn check_junctor(node: &Value, path: &str, errors: &mut Vec<String>) {
+    let Some(obj) = node.as_object() else {
+        return;
+    };
+    for key in NOT_IN_JUNCTORS {
+        if obj.contains_key(*key) {
+            errors.push(format!(
+                "{path}: {key} is not allowed inside anyOf/oneOf/allOf/not"
+            ));
+        }
+    }
+    for nested in ["properties", "items", "additionalProperties"] {
+        match obj.get(nested) {
+            Some(Value::Object(children)) if nested == "properties" => {
+                for (key, child) in children {
+                    check_junctor(child, &format!("{path}.{key}"), errors);
+                }
+            }
+            Some(child) => check_junctor(child, &format!("{path}.{nested}"), errors),
+            None => {}
+        }
+    }
+}
+
+#[test]
+fn every_schema_is_structural() {
+    for name in CRD_NAMES {
+        let crd = crd_json(name);
+        for version in crd["spec"]["versions"].as_array().unwrap() {
+            let schema = &version["schema"]["openAPIV3Schema"];
+            assert!(schema.is_object(), "{name}: no openAPIV3Schema");
+            let mut errors = Vec::new();
+            check_structural(schema, name, &mut errors);
+            assert!(
+                errors.is_empty(),
+                "{name} is not structural:\n{}",
+                errors.join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn structural_check_catches_violations() {
+    // The walker itself must see the shapes the API server rejects.
+    let bad: Value = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "untyped": {"description": "no type"},
+            "ref": {"$ref": "#/definitions/x", "type": "object"},
+            "both": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"type": "string"}},
+            "list": {"type": "array", "items": {"properties": {}}},
+            "union": {"type": "string", "anyOf": [{"type": "string"}]},
+            "ok": {"x-kubernetes-int-or-string": true}
+        }
+    });
+    let mut errors = Vec::new();
+    check_structural(&bad, "x", &mut errors);
+    for expected in [
+        "x.untyped: no type",
+        "x.ref: $ref is not allowed",
+        "x.both: both properties and additionalProperties",
+        "x.list[]: no type",
+        "x.union.anyOf[0]: type is not allowed",
+    ] {
+        assert!(
+            errors.iter().any(|e| e.starts_with(expected)),
+            "missing {expected:?} in {errors:#?}"
+        );
+    }
+    assert_eq!(errors.len(), 5, "{errors:#?}");
+}
+
+#[test]
+fn crds_are_v1_with_subresources_and_columns() {
+    for name in CRD_NAMES {
+        let crd = crd_json(name);
+        assert_eq!(crd["apiVersion"], "apiextensions.k8s.io/v1", "{name}");
+        assert_eq!(crd["spec"]["group"], "etcdfleet.dev");
+        let versions = crd["spec"]["versions"].as_array().unwrap();
+        assert_eq!(versions.len(), 1);
+        assert_eq!(versions[0]["name"], "v1alpha1");
+        assert_eq!(versions[0]["served"], true);
+        assert_eq!(versions[0]["storage"], true);
+        let columns = versions[0]["additionalPrinterColumns"].as_array().unwrap();
+        assert!(
+            columns.iter().any(|c| c["name"] == "Version")
+                && columns.iter().any(|c| c["name"] == "Replicas")
+                && columns.iter().any(|c| c["name"] == "Age"),
+            "{name}: {columns:?}"
+        );
+        assert_eq!(crd["spec"]["names"]["categories"][0], "etcdfleet");
+    }
+
+    let cluster = crd_json("etcdclusters.etcdfleet.dev");
+    assert_eq!(cluster["spec"]["scope"], "Namespaced");
+    let v = &cluster["spec"]["versions"][0];
+    assert!(
+        v["subresources"]["status"].is_object(),
+        "status subresource"
+    );
+    assert_eq!(
+        v["subresources"]["scale"],
+        serde_json::json!({
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector"
+        })
+    );
+    let columns: Vec<&str> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        ["Replicas", "Ready", "Version", "Available", "Age"]
+    );
+
+    assert_eq!(
+        crd_json("etcdtemplates.etcdfleet.dev")["spec"]["scope"],
+        "Namespaced"
+    );
+    assert_eq!(
+        crd_json("clusteretcdtemplates.etcdfleet.dev")["spec"]["scope"],
+        "Cluster"
+    );
+}
+
+// ---- CEL rules, evaluated client-side with kube's CEL ----
+
+const CLUSTER_HEAD: &str = "apiVersion: etcdfleet.dev/v1alpha1
+kind: EtcdCluster
+metadata: {name: shop, namespace: team-shop}
+spec:
+";
+
+fn cluster(spec: &str) -> EtcdCluster {
+    serde_yaml::from_str(&format!("{CLUSTER_HEAD}{spec}")).unwrap()
+}
+
+fn with_ref(spec: &str) -> EtcdCluster {
+    cluster(&format!("  clusterRef: {{name: shop}}\n{spec}"))
+}
+
+/// The error messages of a failed validation (empty when it passed).
+fn messages<E: std::fmt::Display>(result: Result<(), E>) -> String {
+    match result {
+        Ok(()) => String::new(),
+        Err(err) => err.to_string(),
+    }
+}
+
+const REPLICAS_MSG: &str = "spec.replicas: replicas must be odd and between 1 and 7 (1, 3, 5 or 7)";
+const VERSION_MSG: &str =
+    "spec.version: version must be a full semantic version MAJOR.MINOR.PATCH, e.g. 3.5.1";
+
+#[test]
+fn cel_replicas_odd_between_1_and_7() {
+    for ok in [1, 3, 5, 7] {
+        let result = with_ref(&format!("  replicas: {ok}\n")).validate_cel();
+        assert!(result.is_ok(), "replicas {ok}: {}", messages(result));
+    }
+    for bad in [-1, 0, 2, 4, 6, 8, 9] {
+        let msg = messages(with_ref(&format!("  replicas: {bad}\n")).validate_cel());
+        assert!(msg.contains(REPLICAS_MSG), "replicas {bad}: {msg:?}");
+    }
+}
+
+#[test]
+fn cel_version_must_be_full_semver() {
+    for ok in ["3.5.1", "3.4.23", "3.6.0", "10.20.30"] {
+        let result = with_ref(&format!("  version: '{ok}'\n")).validate_cel();
+        assert!(result.is_ok(), "{ok}: {}", messages(result));
+    }
+    for bad in [
+        "3.5",
+        "latest",
+        "v3.5.1",
+        "3.5.1.2",
+        "3.5.1-rc.0",
+        "03.5.1",
+        "",
+        "3.5.1 ",
+    ] {
+        let msg = messages(with_ref(&format!("  version: '{bad}'\n")).validate_cel());
+        assert!(msg.contains(VERSION_MSG), "{bad:?}: {msg:?}");
+    }
+}
+
+#[test]
+fn cel_exactly_one_way_to_reach_the_workload_cluster() {
+    const MSG: &str = "spec: exactly one of clusterRef or kubeconfigSecretRef must be set";
+    assert!(
+        cluster("  clusterRef: {name: shop}\n")
+            .validate_cel()
+            .is_ok()
+    );
+    assert!(
+        cluster("  kubeconfigSecretRef: {name: shop-admin, key: kubeconfig}\n")
+            .validate_cel()
+            .is_ok()
+    );
+    let both = cluster("  clusterRef: {name: shop}\n  kubeconfigSecretRef: {name: shop-admin}\n");
+    assert!(messages(both.validate_cel()).contains(MSG));
+    let neither = cluster("  replicas: 3\n");
+    assert!(messages(neither.validate_cel()).contains(MSG));
+}
+
+#[test]
+fn cel_names_must_not_be_empty() {
+    let cases = [
+        (
+            "  clusterRef: {name: ''}\n",
+            "spec.clusterRef.name: clusterRef.name must not be empty",
+        ),
+        (
+            "  kubeconfigSecretRef: {name: ''}\n",
+            "spec.kubeconfigSecretRef.name: kubeconfigSecretRef.name must not be empty",
+        ),
+        (
+            "  clusterRef: {name: shop}\n  templateRef: {kind: ClusterEtcdTemplate, name: ''}\n",
+            "spec.templateRef.name: templateRef.name must not be empty",
+        ),
+    ];
+    for (spec, expected) in cases {
+        let msg = messages(cluster(spec).validate_cel());
+        assert!(msg.contains(expected), "{spec}: {msg:?}");
+    }
+}
+
+#[test]
+fn cel_storage_is_immutable_once_set() {
+    const CLASS_MSG: &str = "spec.storage.storageClassName: storage.storageClassName is immutable once set: it can be neither changed nor removed";
+    const SIZE_MSG: &str = "spec.storage.size: storage.size is immutable once set: it can be neither changed nor removed";
+    let unset = with_ref("");
+    let set = with_ref("  storage: {storageClassName: fast, size: 20Gi}\n");
+
+    // Set the first time (by the user or by materialization): allowed.
+    assert!(set.validate_cel_update(&unset).is_ok());
+    let half = with_ref("  storage: {size: 20Gi}\n");
+    assert!(set.validate_cel_update(&half).is_ok(), "class added later");
+    // Unchanged: allowed.
+    assert!(set.validate_cel_update(&set).is_ok());
+
+    let cases = [
+        (
+            "  storage: {storageClassName: slow, size: 20Gi}\n",
+            vec![CLASS_MSG],
+        ),
+        (
+            "  storage: {storageClassName: fast, size: 40Gi}\n",
+            vec![SIZE_MSG],
+        ),
+        ("  storage: {size: 20Gi}\n", vec![CLASS_MSG]),
+        ("  storage: {storageClassName: fast}\n", vec![SIZE_MSG]),
+        ("", vec![CLASS_MSG, SIZE_MSG]),
+    ];
+    for (spec, expected) in cases {
+        let msg = messages(with_ref(spec).validate_cel_update(&set));
+        for e in &expected {
+            assert!(msg.contains(e), "{spec:?}: {msg:?}");
+        }
+        assert!(
+            msg.starts_with(&format!("{} validation error(s)", expected.len())),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn cel_tuning_and_backup_bounds() {
+    let cases = [
+        (
+            "  etcd: {heartbeatIntervalMillis: 5}\n",
+            "heartbeatIntervalMillis must be between 10 and 5000",
+        ),
+        (
+            "  etcd: {electionTimeoutMillis: 60000}\n",
+            "electionTimeoutMillis must be between 50 and 50000",
+        ),
+        ("  backup: {retention: 0}\n", "retention must be at least 1"),
+    ];
+    for (spec, expected) in cases {
+        let msg = messages(with_ref(spec).validate_cel());
+        assert!(msg.contains(expected), "{spec}: {msg:?}");
+    }
+    assert!(
+        with_ref("  etcd: {heartbeatIntervalMillis: 100, electionTimeoutMillis: 1000}\n  backup: {retention: 1}\n")
+            .validate_cel()
+            .is_ok()
+    );
+}
+
+#[test]
+fn cel_rules_apply_to_templates_too() {
+    let t: EtcdTemplate = serde_yaml::from_str(
+        "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdTemplate\nmetadata: {name: t, namespace: n}\nspec: {baseTemplate: ha-3, version: '3.5', replicas: 4}\n",
+    )
+    .unwrap();
+    let msg = messages(t.validate_cel());
+    assert!(
+        msg.contains(REPLICAS_MSG) && msg.contains(VERSION_MSG),
+        "{msg}"
+    );
+
+    let ct: ClusterEtcdTemplate = serde_yaml::from_str(
+        "apiVersion: etcdfleet.dev/v1alpha1\nkind: ClusterEtcdTemplate\nmetadata: {name: ct}\nspec: {version: latest, replicas: 2}\n",
+    )
+    .unwrap();
+    let msg = messages(ct.validate_cel());
+    assert!(
+        msg.contains(REPLICAS_MSG) && msg.contains(VERSION_MSG),
+        "{msg}"
+    );
+
+    // Templates need no workload cluster, and their storage may be edited:
+    // editing a template never changes an existing cluster.
+    let old: ClusterEtcdTemplate = serde_yaml::from_str(
+        "apiVersion: etcdfleet.dev/v1alpha1\nkind: ClusterEtcdTemplate\nmetadata: {name: ct}\nspec: {version: 3.5.1, replicas: 3, storage: {storageClassName: a, size: 8Gi}}\n",
+    )
+    .unwrap();
+    let new: ClusterEtcdTemplate = serde_yaml::from_str(
+        "apiVersion: etcdfleet.dev/v1alpha1\nkind: ClusterEtcdTemplate\nmetadata: {name: ct}\nspec: {version: 3.5.1, replicas: 3, storage: {storageClassName: b, size: 16Gi}}\n",
+    )
+    .unwrap();
+    assert!(old.validate_cel().is_ok());
+    let result = new.validate_cel_update(&old);
+    assert!(result.is_ok(), "{}", messages(result));
+}
