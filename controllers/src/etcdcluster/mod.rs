@@ -1,0 +1,384 @@
+//! The EtcdCluster reconciler. One reconcile is a pipeline:
+//!
+//! ```text
+//! resolve  → template chain + materialization (pure, plus one apply, once)
+//! connect  → kubeconfig Secret → workload client (cached; direct GET)
+//! observe  → workload objects + etcd members and health (read only)
+//! plan     → at most one next step (pure, `plan::plan_next_step`)
+//! act      → execute that step (idempotent, deterministic names, preconditions)
+//! report   → status + conditions + events + metrics
+//! ```
+//!
+//! Everything that decides lives in `plan` (and in `etcdfleet_api`); this
+//! module and its siblings only move data between the APIs and those pure
+//! functions.
+
+pub mod act;
+pub mod observe;
+pub mod plan;
+pub mod resolve;
+pub mod status;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcdfleet_api::{EtcdCluster, conditions};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use tracing::{info, warn};
+
+use crate::connector::{ConnectError, KubeconfigLocation, WorkloadClusterConnector};
+use crate::dialer::EtcdDialer;
+use crate::etcd::{Deadlines, EtcdError};
+use crate::metrics::Metrics;
+use crate::render::RenderProfile;
+use plan::{Plan, Step};
+
+/// Finalizer that removes the workload objects when an EtcdCluster is deleted.
+pub const FINALIZER: &str = "etcdfleet.dev/cleanup";
+
+/// Tunables of the reconciler.
+#[derive(Debug, Clone)]
+pub struct ReconcilerSettings {
+    /// How long a member may stay unhealthy before it is replaced.
+    pub member_failure_grace: Duration,
+    /// How long deletion keeps trying to clean an unreachable workload cluster
+    /// before it gives up and releases the EtcdCluster (objects are left behind).
+    pub deletion_timeout: Duration,
+    /// Deadlines of etcd calls made while reconciling.
+    pub etcd_deadlines: Deadlines,
+    /// Requeue of a converged cluster (remote health polling), before jitter.
+    pub requeue_converged: Duration,
+    /// Requeue while a step is in progress or the planner waits.
+    pub requeue_progress: Duration,
+}
+
+impl Default for ReconcilerSettings {
+    fn default() -> Self {
+        ReconcilerSettings {
+            member_failure_grace: Duration::from_secs(120),
+            deletion_timeout: Duration::from_secs(600),
+            etcd_deadlines: Deadlines {
+                connect: Duration::from_secs(3),
+                request: Duration::from_secs(5),
+                health: Duration::from_secs(3),
+                reconfigure: Duration::from_secs(15),
+                promote: Duration::from_secs(5),
+                defragment: Duration::from_secs(120),
+                snapshot: Duration::from_secs(600),
+            },
+            requeue_converged: Duration::from_secs(60),
+            requeue_progress: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Everything a reconcile needs, shared by all reconciles.
+pub struct Context {
+    pub management: Client,
+    pub connector: WorkloadClusterConnector,
+    pub dialer: Arc<dyn EtcdDialer>,
+    pub settings: ReconcilerSettings,
+    pub profile: RenderProfile,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+}
+
+impl Context {
+    pub fn new(
+        management: Client,
+        connector: WorkloadClusterConnector,
+        dialer: Arc<dyn EtcdDialer>,
+        settings: ReconcilerSettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            management.clone(),
+            Reporter {
+                controller: "etcdfleet-controller".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        Context {
+            management,
+            connector,
+            dialer,
+            settings,
+            profile: RenderProfile::default(),
+            metrics,
+            recorder,
+        }
+    }
+}
+
+/// Failures of one reconcile. Every variant has a short `reason()` used as a
+/// metric label (and, where it concerns the cluster, a condition reason).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("management API: {0}")]
+    ManagementApi(#[source] kube::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("workload API of {server}: {source}")]
+    WorkloadApi {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("etcd: {0}")]
+    Etcd(#[from] EtcdError),
+    #[error("certificates: {0}")]
+    Pki(#[from] crate::pki::PkiError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::ManagementApi(_) => "ManagementAPIError",
+            Error::Connect(e) => e.reason(),
+            Error::WorkloadApi { .. } => "WorkloadAPIError",
+            Error::Etcd(e) => e.reason(),
+            Error::Pki(e) => e.reason(),
+            Error::Invalid(_) => "InvalidObject",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What one reconcile did, for the test driver and the demo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The planner had nothing to do.
+    Converged,
+    /// The planner waits for something (the message says what).
+    Waiting(String),
+    /// A step was taken.
+    Acted(Step),
+    /// The step the planner chose was not taken because the cluster is paused.
+    Paused(Option<String>),
+    /// Nothing can be done until the input changes (bad spec, rejected version,
+    /// unreachable workload cluster); the conditions say why.
+    Blocked(String),
+    /// Deletion finished (the finalizer was removed).
+    Deleted,
+}
+
+/// Entry point for kube-runtime's `Controller`.
+pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action> {
+    let started = std::time::Instant::now();
+    let outcome = reconcile_cluster(&cluster, &ctx).await;
+    ctx.metrics
+        .observe_reconcile(started.elapsed(), outcome.as_ref().err().map(Error::reason));
+    let outcome = outcome?;
+    Ok(requeue_for(&outcome, &ctx.settings, &cluster))
+}
+
+/// Requeue policy: soon while something is in flight, slowly (with jitter) when converged.
+pub fn requeue_for(
+    outcome: &Outcome,
+    settings: &ReconcilerSettings,
+    cluster: &EtcdCluster,
+) -> Action {
+    match outcome {
+        Outcome::Deleted => Action::await_change(),
+        Outcome::Acted(_) => Action::requeue(Duration::from_millis(200)),
+        Outcome::Waiting(_) => Action::requeue(settings.requeue_progress),
+        Outcome::Converged | Outcome::Paused(_) | Outcome::Blocked(_) => {
+            Action::requeue(jitter(settings.requeue_converged, &cluster.name_any()))
+        }
+    }
+}
+
+/// Spreads periodic polls of many clusters over time (±20%, stable per cluster).
+fn jitter(base: Duration, key: &str) -> Duration {
+    let h = key.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
+    let permille = 800 + (h % 400);
+    base * permille as u32 / 1000
+}
+
+/// `error_policy` for the `Controller`: count and back off.
+pub fn error_policy(cluster: Arc<EtcdCluster>, err: &Error, ctx: Arc<Context>) -> Action {
+    warn!(cluster = %cluster.name_any(), error = %err, reason = err.reason(), "reconcile failed");
+    if let Error::Connect(e) = err
+        && let Some(location) = KubeconfigLocation::of(&cluster)
+    {
+        return Action::requeue(ctx.connector.record_failure(&location, e));
+    }
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// One reconcile of one EtcdCluster.
+pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
+    if cluster.meta().deletion_timestamp.is_some() {
+        return act::finalize(cluster, ctx).await;
+    }
+    let api: Api<EtcdCluster> = Api::namespaced(
+        ctx.management.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    if !cluster.finalizers().iter().any(|f| f == FINALIZER) {
+        let mut finalizers = cluster.finalizers().to_vec();
+        finalizers.push(FINALIZER.to_string());
+        let patch = serde_json::json!({
+            "metadata": { "finalizers": finalizers, "resourceVersion": cluster.resource_version() }
+        });
+        api.patch(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::ManagementApi)?;
+    }
+
+    let mut report = status::Report::new(cluster);
+
+    // resolve
+    let resolved = match resolve::resolve_cluster(cluster, ctx, &mut report).await? {
+        Some(r) => r,
+        None => {
+            report.write(ctx).await?;
+            return Ok(Outcome::Blocked(report.blocked_reason()));
+        }
+    };
+
+    // connect
+    let Some(location) = KubeconfigLocation::of(cluster) else {
+        report.remote_unreachable(&ConnectError::NoClusterReference);
+        report.write(ctx).await?;
+        return Ok(Outcome::Blocked(
+            ConnectError::NoClusterReference.to_string(),
+        ));
+    };
+    let workload = match ctx.connector.connect(&location).await {
+        Ok(w) => w,
+        Err(e) => {
+            let delay = ctx.connector.record_failure(&location, &e);
+            report.remote_unreachable(&e);
+            report.write(ctx).await?;
+            info!(cluster = %cluster.name_any(), reason = e.reason(), ?delay, "workload cluster not reachable");
+            return Ok(Outcome::Blocked(e.to_string()));
+        }
+    };
+
+    // observe
+    let observed = match observe::observe(cluster, &resolved, &workload, ctx, &report).await {
+        Ok(o) => o,
+        Err(Error::WorkloadApi { server, source }) => {
+            let e = ConnectError::from_workload(&server, &source);
+            ctx.connector.record_failure(&location, &e);
+            report.remote_unreachable(&e);
+            report.write(ctx).await?;
+            return Ok(Outcome::Blocked(e.to_string()));
+        }
+        Err(e) => return Err(e),
+    };
+    ctx.connector.record_success(&location);
+    report.remote_reachable(&workload.server);
+    report.observed(&observed);
+
+    // plan
+    let plan = plan::plan_next_step(&observed.planner);
+    ctx.metrics.observe_plan(&plan);
+    if cluster.spec.paused == Some(true) {
+        let next = match &plan {
+            Plan::Act(step) => Some(step.to_string()),
+            _ => None,
+        };
+        report.paused(next.as_deref());
+        report.write(ctx).await?;
+        return Ok(Outcome::Paused(next));
+    }
+
+    // act
+    let outcome = match plan {
+        Plan::Converged => {
+            report.converged();
+            Outcome::Converged
+        }
+        Plan::Wait(why) => {
+            report.waiting(&why);
+            Outcome::Waiting(why)
+        }
+        Plan::Act(step) => {
+            let started = std::time::Instant::now();
+            let result = act::execute(&step, cluster, &resolved, &observed, &workload, ctx).await;
+            ctx.metrics.observe_step(
+                step.kind(),
+                started.elapsed(),
+                result.as_ref().err().map(Error::reason),
+            );
+            match result {
+                Ok(()) => {
+                    report.acted(&step, None);
+                    publish(
+                        ctx,
+                        cluster,
+                        EventType::Normal,
+                        step.kind(),
+                        &step.to_string(),
+                    )
+                    .await;
+                    Outcome::Acted(step)
+                }
+                Err(e) => {
+                    report.acted(&step, Some(&e));
+                    publish(
+                        ctx,
+                        cluster,
+                        EventType::Warning,
+                        &format!("{}Failed", step.kind()),
+                        &format!("{step}: {e}"),
+                    )
+                    .await;
+                    report.write(ctx).await?;
+                    return Err(e);
+                }
+            }
+        }
+    };
+    report.write(ctx).await?;
+    Ok(outcome)
+}
+
+/// Publishes an event about a cluster; a failure to publish is logged, never fatal.
+pub async fn publish(
+    ctx: &Context,
+    cluster: &EtcdCluster,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1000).collect()),
+        action: reason.to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
+        warn!(error = %e, "failed to publish event");
+    }
+}
+
+/// Current time as a Kubernetes `Time`.
+pub fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Whether a condition says the version change was rejected.
+pub fn version_rejected(cluster: &EtcdCluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, conditions::VERSION_ACCEPTED))
+        .is_some_and(|c| c.status == "False")
+}

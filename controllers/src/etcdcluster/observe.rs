@@ -1,0 +1,375 @@
+//! Observe step: reads the workload objects and asks etcd about its members.
+//! Read only: nothing here writes to any API or to etcd.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use etcdfleet_api::EtcdCluster;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, Service,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ListParams};
+use kube::{Resource, ResourceExt};
+
+use super::plan::{
+    EtcdObservation, ObjectKind, Observation, PodObservation, PvcObservation,
+    StatefulSetObservation,
+};
+use super::resolve::Resolved;
+use super::status::Report;
+use super::{Context, Error, Result};
+use crate::connector::WorkloadCluster;
+use crate::etcd::{
+    ClusterClient, ClusterHealth, EtcdConfig, TlsMaterial, observe as observe_member,
+};
+use crate::pki::CertificateAuthority;
+use crate::render::{self, Names, RenderInputs};
+
+/// Annotation on a member PVC naming the etcd member id (hex) whose data it holds.
+pub const PVC_MEMBER_ANNOTATION: &str = "etcdfleet.dev/member-id";
+/// Keys of the management-side PKI Secret.
+pub const PKI_CA_CERT: &str = "ca.crt";
+pub const PKI_CA_KEY: &str = "ca.key";
+pub const PKI_CLIENT_CERT: &str = "client.crt";
+pub const PKI_CLIENT_KEY: &str = "client.key";
+
+/// The CA and the controller's client identity of one etcd cluster.
+#[derive(Clone)]
+pub struct Pki {
+    pub ca: std::sync::Arc<CertificateAuthority>,
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
+}
+
+/// Everything observed, raw objects included (for `act`'s preconditions).
+pub struct Observed {
+    pub planner: Observation,
+    pub statefulset: Option<StatefulSet>,
+    pub pods: BTreeMap<u32, Pod>,
+    pub pvcs: BTreeMap<u32, PersistentVolumeClaim>,
+    pub pki: Option<Pki>,
+    pub etcd_config: EtcdConfig,
+    /// Dialed client URLs of the member pods.
+    pub endpoints: Vec<String>,
+    pub health: Option<ClusterHealth>,
+}
+
+impl Observed {
+    pub fn names(&self) -> &Names {
+        &self.planner.names
+    }
+}
+
+fn workload_err(server: &str) -> impl Fn(kube::Error) -> Error + '_ {
+    move |source| Error::WorkloadApi {
+        server: server.to_string(),
+        source,
+    }
+}
+
+fn secret_str(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+}
+
+/// Reads the management-side PKI Secret.
+pub async fn read_pki(cluster: &EtcdCluster, ctx: &Context, names: &Names) -> Result<Option<Pki>> {
+    let api: Api<Secret> = Api::namespaced(
+        ctx.management.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    let Some(secret) = api
+        .get_opt(&names.pki_secret())
+        .await
+        .map_err(Error::ManagementApi)?
+    else {
+        return Ok(None);
+    };
+    let (Some(cert), Some(key), Some(client_cert), Some(client_key)) = (
+        secret_str(&secret, PKI_CA_CERT),
+        secret_str(&secret, PKI_CA_KEY),
+        secret_str(&secret, PKI_CLIENT_CERT),
+        secret_str(&secret, PKI_CLIENT_KEY),
+    ) else {
+        return Err(Error::Invalid(format!(
+            "Secret {} lacks one of {PKI_CA_CERT}, {PKI_CA_KEY}, {PKI_CLIENT_CERT}, {PKI_CLIENT_KEY}",
+            names.pki_secret()
+        )));
+    };
+    Ok(Some(Pki {
+        ca: std::sync::Arc::new(CertificateAuthority::from_pem(&cert, &key)?),
+        client_cert_pem: client_cert,
+        client_key_pem: client_key,
+    }))
+}
+
+fn hash_matches(meta: &kube::api::ObjectMeta, want: &str) -> bool {
+    render::carried_hash(meta) == Some(want)
+}
+
+/// Observes one cluster.
+pub async fn observe(
+    cluster: &EtcdCluster,
+    resolved: &Resolved,
+    workload: &WorkloadCluster,
+    ctx: &Context,
+    report: &Report,
+) -> Result<Observed> {
+    let inputs: &RenderInputs = &resolved.inputs;
+    let names = inputs.names();
+    let ns = &inputs.workload_namespace;
+    let client = workload.client.clone();
+    let err = workload_err(&workload.server);
+    let mut stale = Vec::new();
+
+    let pki = if inputs.tls {
+        read_pki(cluster, ctx, &names).await?
+    } else {
+        None
+    };
+    if inputs.tls && pki.is_none() {
+        stale.push(ObjectKind::Pki);
+    }
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(ns).await.map_err(&err)?.is_none() {
+        stale.push(ObjectKind::Namespace);
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    if inputs.tls {
+        for (kind, name) in [
+            (ObjectKind::ServerTlsSecret, names.server_tls_secret()),
+            (ObjectKind::PeerTlsSecret, names.peer_tls_secret()),
+        ] {
+            let fresh = match secrets.get_opt(&name).await.map_err(&err)? {
+                Some(s) => {
+                    hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}")))
+                        && pki.as_ref().is_some_and(|p| {
+                            secret_str(&s, "ca.crt").as_deref() == Some(p.ca.cert_pem())
+                        })
+                }
+                None => false,
+            };
+            if !fresh {
+                stale.push(kind);
+            }
+        }
+    }
+    for (kind, name) in [
+        (ObjectKind::PeerService, names.peer_service()),
+        (ObjectKind::ClientService, names.client_service()),
+    ] {
+        match services.get_opt(&name).await.map_err(&err)? {
+            Some(s) if hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}"))) => {}
+            _ => stale.push(kind),
+        }
+    }
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    match pdbs.get_opt(&names.pdb()).await.map_err(&err)? {
+        Some(p) if hash_matches(&p.metadata, &inputs.identity_hash("PodDisruptionBudget")) => {}
+        _ => stale.push(ObjectKind::PodDisruptionBudget),
+    }
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    if configmaps
+        .get_opt(&names.members_configmap())
+        .await
+        .map_err(&err)?
+        .is_none()
+    {
+        stale.push(ObjectKind::MembersConfigMap);
+    }
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let statefulset = statefulsets
+        .get_opt(&names.statefulset())
+        .await
+        .map_err(&err)?;
+    match &statefulset {
+        None => stale.push(ObjectKind::StatefulSet),
+        Some(sts) if !resolved.hold_statefulset() && render::drift(sts, inputs).is_some() => {
+            stale.push(ObjectKind::StatefulSet)
+        }
+        Some(_) => {}
+    }
+
+    let selector = ListParams::default().labels(&render::selector_string(&names));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods: BTreeMap<u32, Pod> = pods
+        .list(&selector)
+        .await
+        .map_err(&err)?
+        .items
+        .into_iter()
+        .filter_map(|p| names.ordinal_of(&p.name_any()).map(|o| (o, p)))
+        .collect();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let pvcs: BTreeMap<u32, PersistentVolumeClaim> = pvcs
+        .list(&selector)
+        .await
+        .map_err(&err)?
+        .items
+        .into_iter()
+        .filter_map(|p| {
+            p.name_any()
+                .strip_prefix("data-")
+                .and_then(|pod| names.ordinal_of(pod))
+                .map(|o| (o, p))
+        })
+        .collect();
+
+    // etcd
+    let etcd_config = EtcdConfig {
+        tls: pki.as_ref().map(|p| TlsMaterial {
+            ca_pem: p.ca.cert_pem().to_string(),
+            client_cert_pem: Some(p.client_cert_pem.clone()),
+            client_key_pem: Some(p.client_key_pem.clone()),
+            server_name: Some(names.client_service_host()),
+        }),
+        deadlines: ctx.settings.etcd_deadlines,
+    };
+    let sts_replicas = statefulset
+        .as_ref()
+        .and_then(|s| s.spec.as_ref()?.replicas)
+        .unwrap_or(0)
+        .max(0) as u32;
+    let ordinals: BTreeSet<u32> = pods.keys().copied().chain(0..sts_replicas).collect();
+    let mut endpoints = Vec::new();
+    for o in &ordinals {
+        if let Ok(url) = ctx
+            .dialer
+            .dial_url(&workload.server, &names.client_url(*o, inputs.tls))
+        {
+            endpoints.push(url);
+        }
+    }
+    let (etcd, health) = if inputs.tls && pki.is_none() {
+        (
+            EtcdObservation::Unreachable("no client certificate yet".into()),
+            None,
+        )
+    } else if endpoints.is_empty() {
+        (EtcdObservation::Unreachable("no member pods".into()), None)
+    } else {
+        match observe_etcd(
+            &endpoints,
+            &etcd_config,
+            &names,
+            inputs.tls,
+            &workload.server,
+            ctx,
+        )
+        .await
+        {
+            Ok(h) => (EtcdObservation::Observed(h.clone()), Some(h)),
+            Err(e) => (EtcdObservation::Unreachable(e), None),
+        }
+    };
+
+    let failed_members = match &health {
+        Some(h) => report.failed_members(h, ctx.settings.member_failure_grace),
+        None => BTreeSet::new(),
+    };
+
+    let planner = Observation {
+        names: names.clone(),
+        tls: inputs.tls,
+        desired_replicas: resolved.resolution.spec.replicas.max(1) as u32,
+        stale_objects: stale,
+        statefulset: statefulset.as_ref().map(|s| StatefulSetObservation {
+            replicas: sts_replicas,
+            image: render::statefulset_image(s).unwrap_or_default().to_string(),
+        }),
+        pods: pods.iter().map(|(o, p)| (*o, pod_observation(p))).collect(),
+        pvcs: pvcs
+            .iter()
+            .map(|(o, p)| {
+                (
+                    *o,
+                    PvcObservation {
+                        member_id: p
+                            .annotations()
+                            .get(PVC_MEMBER_ANNOTATION)
+                            .and_then(|s| u64::from_str_radix(s, 16).ok()),
+                    },
+                )
+            })
+            .collect(),
+        etcd,
+        failed_members,
+    };
+    Ok(Observed {
+        planner,
+        statefulset,
+        pods,
+        pvcs,
+        pki,
+        etcd_config,
+        endpoints,
+        health,
+    })
+}
+
+fn pod_observation(pod: &Pod) -> PodObservation {
+    let status = pod.status.as_ref();
+    let container = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first());
+    PodObservation {
+        image: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default(),
+        running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
+        ready: container.is_some_and(|c| c.ready),
+        restart_count: container.map_or(0, |c| c.restart_count),
+        deleting: pod.meta().deletion_timestamp.is_some(),
+    }
+}
+
+/// Member list through any pod, then status and health of every member
+/// through its own (dialed) client URL, concurrently.
+async fn observe_etcd(
+    endpoints: &[String],
+    config: &EtcdConfig,
+    names: &Names,
+    tls: bool,
+    server: &str,
+    ctx: &Context,
+) -> std::result::Result<ClusterHealth, String> {
+    let client = ClusterClient::connect(endpoints, config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let members = tokio::time::timeout(
+        config.deadlines.request + Duration::from_secs(1),
+        client.list_members(),
+    )
+    .await
+    .map_err(|_| "member list timed out".to_string())?
+    .map_err(|e| e.to_string())?;
+    let observations = futures::future::join_all(members.into_iter().map(|member| async move {
+        let advertised = member.client_urls.first().cloned().or_else(|| {
+            member
+                .peer_urls
+                .first()
+                .and_then(|u| names.ordinal_of_peer_url(u))
+                .map(|o| names.client_url(o, tls))
+        });
+        match advertised.map(|u| ctx.dialer.dial_url(server, &u)) {
+            Some(Ok(url)) if member.is_started() => observe_member(member, &url, config).await,
+            Some(Ok(_)) => {
+                crate::etcd::MemberObservation::unreachable(member, "member has not started")
+            }
+            Some(Err(e)) => crate::etcd::MemberObservation::unreachable(member, &e),
+            None => crate::etcd::MemberObservation::unreachable(member, "member has no known URL"),
+        }
+    }))
+    .await;
+    Ok(ClusterHealth::new(observations))
+}

@@ -1,0 +1,1045 @@
+//! The planner: a pure function from everything observed about one etcd
+//! cluster to the single most urgent safe next step (or a reason to wait, or
+//! nothing). It looks at the whole state every time, never at what changed,
+//! so a controller that restarts at any point simply plans again.
+//!
+//! Order of concerns, most urgent first:
+//! 1. the workload objects exist and match their inputs (render contract);
+//! 2. bootstrap: with no member answering, only ever add (never remove);
+//! 3. a learner in flight is started, then promoted once caught up;
+//! 4. a failed member (unhealthy past the grace period) is removed, under the
+//!    quorum guard, and its stale storage deleted so it can rejoin fresh;
+//! 5. scale down: move leadership away, remove the highest member, shrink,
+//!    then delete its PVC;
+//! 6. scale up: add the next member as a learner (one at a time);
+//! 7. roll members onto the StatefulSet's image: followers first, leader last
+//!    after moving leadership, one at a time, each gated on full health.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::etcd::ClusterHealth;
+use crate::render::Names;
+
+/// A workload object the planner found missing or out of date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ObjectKind {
+    /// The management-side Secret with the CA and the controller's client identity.
+    Pki,
+    Namespace,
+    ServerTlsSecret,
+    PeerTlsSecret,
+    PeerService,
+    ClientService,
+    PodDisruptionBudget,
+    MembersConfigMap,
+    StatefulSet,
+}
+
+/// The StatefulSet as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatefulSetObservation {
+    pub replicas: u32,
+    /// Image of the pod template.
+    pub image: String,
+}
+
+/// One pod of the StatefulSet as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodObservation {
+    pub image: String,
+    pub running: bool,
+    pub ready: bool,
+    pub restart_count: i32,
+    pub deleting: bool,
+}
+
+/// One member PVC as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PvcObservation {
+    /// The etcd member id whose data this volume holds, once recorded.
+    pub member_id: Option<u64>,
+}
+
+/// What etcd itself said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EtcdObservation {
+    /// No member answered.
+    Unreachable(String),
+    Observed(ClusterHealth),
+}
+
+/// Everything the planner decides from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub names: Names,
+    pub tls: bool,
+    pub desired_replicas: u32,
+    /// Workload objects missing or whose inputs changed (from the render contract).
+    pub stale_objects: Vec<ObjectKind>,
+    pub statefulset: Option<StatefulSetObservation>,
+    pub pods: BTreeMap<u32, PodObservation>,
+    pub pvcs: BTreeMap<u32, PvcObservation>,
+    pub etcd: EtcdObservation,
+    /// Members unhealthy for longer than the failure grace period.
+    pub failed_members: BTreeSet<u64>,
+}
+
+/// Why a member is removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemovalCause {
+    ScaleDown,
+    Failed,
+}
+
+/// One action on the workload cluster or on etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Create or rewrite workload objects (in this order).
+    WriteObjects(Vec<ObjectKind>),
+    /// Create the members ConfigMap (if missing) and the StatefulSet with these replicas.
+    Bootstrap {
+        replicas: u32,
+    },
+    /// Set StatefulSet replicas (start a pending member, or shrink after a removal).
+    ScaleStatefulSet {
+        replicas: u32,
+    },
+    /// Record on a PVC which member's data it holds.
+    RecordPvcMember {
+        ordinal: u32,
+        member_id: u64,
+    },
+    /// Delete a member's pod and PVC: their data belongs to a removed member.
+    DeleteStaleStorage {
+        ordinal: u32,
+    },
+    /// Point the members ConfigMap at the grown cluster and `member add --learner`.
+    AddLearner {
+        ordinal: u32,
+    },
+    PromoteLearner {
+        ordinal: u32,
+        member_id: u64,
+    },
+    MoveLeader {
+        from: u64,
+        to: u64,
+    },
+    RemoveMember {
+        ordinal: Option<u32>,
+        member_id: u64,
+        cause: RemovalCause,
+    },
+    /// Delete the PVC of a member removed by a scale-down.
+    DeletePvc {
+        ordinal: u32,
+    },
+    /// Delete a pod so the StatefulSet recreates it from the current template.
+    RestartMember {
+        ordinal: u32,
+        member_id: u64,
+    },
+}
+
+impl Step {
+    /// Short name for events, metrics and `status.lastOperation.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::WriteObjects(_) => "WriteObjects",
+            Step::Bootstrap { .. } => "Bootstrap",
+            Step::ScaleStatefulSet { .. } => "ScaleStatefulSet",
+            Step::RecordPvcMember { .. } => "RecordPvcMember",
+            Step::DeleteStaleStorage { .. } => "DeleteStaleStorage",
+            Step::AddLearner { .. } => "AddLearner",
+            Step::PromoteLearner { .. } => "PromoteLearner",
+            Step::MoveLeader { .. } => "MoveLeader",
+            Step::RemoveMember { .. } => "RemoveMember",
+            Step::DeletePvc { .. } => "DeletePvc",
+            Step::RestartMember { .. } => "RestartMember",
+        }
+    }
+
+    /// Whether the step can lose data or availability if taken wrongly
+    /// (never taken in bootstrap mode).
+    pub fn is_destructive(&self) -> bool {
+        matches!(
+            self,
+            Step::RemoveMember { .. }
+                | Step::DeletePvc { .. }
+                | Step::DeleteStaleStorage { .. }
+                | Step::RestartMember { .. }
+        )
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::WriteObjects(kinds) => write!(f, "write {kinds:?}"),
+            Step::Bootstrap { replicas } => {
+                write!(
+                    f,
+                    "bootstrap: create the StatefulSet with {replicas} replica(s)"
+                )
+            }
+            Step::ScaleStatefulSet { replicas } => {
+                write!(f, "set StatefulSet replicas to {replicas}")
+            }
+            Step::RecordPvcMember { ordinal, member_id } => {
+                write!(
+                    f,
+                    "record member {member_id:x} on the PVC of ordinal {ordinal}"
+                )
+            }
+            Step::DeleteStaleStorage { ordinal } => write!(
+                f,
+                "delete the pod and PVC of ordinal {ordinal}: they hold a removed member's data"
+            ),
+            Step::AddLearner { ordinal } => write!(f, "add member {ordinal} as a learner"),
+            Step::PromoteLearner { ordinal, member_id } => {
+                write!(f, "promote learner {member_id:x} (ordinal {ordinal})")
+            }
+            Step::MoveLeader { from, to } => write!(f, "move leadership from {from:x} to {to:x}"),
+            Step::RemoveMember {
+                ordinal,
+                member_id,
+                cause,
+            } => write!(
+                f,
+                "remove member {member_id:x} (ordinal {}) because of {}",
+                ordinal.map_or("unknown".to_string(), |o| o.to_string()),
+                match cause {
+                    RemovalCause::ScaleDown => "scale-down",
+                    RemovalCause::Failed => "failure",
+                }
+            ),
+            Step::DeletePvc { ordinal } => write!(f, "delete the PVC of removed ordinal {ordinal}"),
+            Step::RestartMember { ordinal, member_id } => write!(
+                f,
+                "restart member {member_id:x} (ordinal {ordinal}) onto the StatefulSet's image"
+            ),
+        }
+    }
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Take this step now.
+    Act(Step),
+    /// Not converged, but nothing is safe or useful to do now.
+    Wait(String),
+    /// Nothing to do.
+    Converged,
+}
+
+/// Decides the next step. Pure; see the module docs for the order.
+pub fn plan_next_step(obs: &Observation) -> Plan {
+    // 1. Workload objects (the StatefulSet itself is created by bootstrap).
+    let (missing_sts, others): (Vec<_>, Vec<_>) = obs
+        .stale_objects
+        .iter()
+        .copied()
+        .partition(|k| *k == ObjectKind::StatefulSet && obs.statefulset.is_none());
+    // Without a StatefulSet, bootstrap writes the members ConfigMap.
+    let others: Vec<_> = others
+        .into_iter()
+        .filter(|k| *k != ObjectKind::MembersConfigMap || obs.statefulset.is_some())
+        .collect();
+    if !others.is_empty() {
+        return Plan::Act(Step::WriteObjects(others));
+    }
+    let Some(sts) = &obs.statefulset else {
+        debug_assert!(!missing_sts.is_empty() || obs.statefulset.is_none());
+        // A StatefulSet lost while PVCs remain is recreated wide enough to start
+        // every member that has data, never narrower.
+        let replicas = obs.pvcs.keys().max().map_or(1, |o| o + 1);
+        return Plan::Act(Step::Bootstrap { replicas });
+    };
+
+    // 2. Bootstrap mode: nobody answers. Only ever add.
+    let health = match &obs.etcd {
+        EtcdObservation::Unreachable(why) => {
+            let wanted = obs.pvcs.keys().max().map_or(1, |o| o + 1);
+            if sts.replicas < wanted {
+                return Plan::Act(Step::ScaleStatefulSet { replicas: wanted });
+            }
+            return Plan::Wait(format!(
+                "no etcd member answers yet ({why}); waiting for {} to start",
+                describe_pods(obs)
+            ));
+        }
+        EtcdObservation::Observed(h) => h,
+    };
+
+    let ordinal_of = |id: u64| -> Option<u32> {
+        health
+            .member(id)
+            .and_then(|m| m.member.peer_urls.first())
+            .and_then(|u| obs.names.ordinal_of_peer_url(u))
+    };
+    let member_at = |ordinal: u32| -> Option<u64> {
+        health
+            .members()
+            .iter()
+            .find(|m| {
+                m.member
+                    .peer_urls
+                    .iter()
+                    .any(|u| obs.names.ordinal_of_peer_url(u) == Some(ordinal))
+            })
+            .map(|m| m.member.id)
+    };
+
+    // Record which member each PVC holds as soon as both exist, so that data
+    // of a member that is later removed is recognised as stale.
+    for m in health.members() {
+        if let Some(ordinal) = ordinal_of(m.member.id)
+            && let Some(pvc) = obs.pvcs.get(&ordinal)
+            && pvc.member_id.is_none()
+            && obs.pods.get(&ordinal).is_some_and(|p| p.running)
+        {
+            return Plan::Act(Step::RecordPvcMember {
+                ordinal,
+                member_id: m.member.id,
+            });
+        }
+    }
+
+    // 3. A learner in flight.
+    if let Some(learner) = health.learners().next() {
+        let id = learner.member.id;
+        let Some(ordinal) = ordinal_of(id) else {
+            return Plan::Act(Step::RemoveMember {
+                ordinal: None,
+                member_id: id,
+                cause: RemovalCause::Failed,
+            });
+        };
+        if sts.replicas <= ordinal {
+            return Plan::Act(Step::ScaleStatefulSet {
+                replicas: ordinal + 1,
+            });
+        }
+        if let Some(pvc) = obs.pvcs.get(&ordinal)
+            && let Some(old) = pvc.member_id
+            && old != id
+        {
+            return Plan::Act(Step::DeleteStaleStorage { ordinal });
+        }
+        match health.can_promote(id) {
+            Ok(()) => {
+                return Plan::Act(Step::PromoteLearner {
+                    ordinal,
+                    member_id: id,
+                });
+            }
+            Err(why) => {
+                if obs.failed_members.contains(&id) && health.can_remove(id).is_ok() {
+                    return Plan::Act(Step::RemoveMember {
+                        ordinal: Some(ordinal),
+                        member_id: id,
+                        cause: RemovalCause::Failed,
+                    });
+                }
+                return Plan::Wait(format!(
+                    "learner {} not promotable yet: {why}",
+                    obs.names.pod(ordinal)
+                ));
+            }
+        }
+    }
+
+    // 4. Failed voters.
+    for id in &obs.failed_members {
+        if let Some(m) = health.member(*id)
+            && !m.member.is_learner
+        {
+            let ordinal = ordinal_of(*id);
+            return match health.can_remove(*id) {
+                Ok(()) => Plan::Act(Step::RemoveMember {
+                    ordinal,
+                    member_id: *id,
+                    cause: RemovalCause::Failed,
+                }),
+                Err(why) => Plan::Wait(format!(
+                    "member {} has failed but cannot be replaced safely: {why}",
+                    ordinal.map_or_else(|| format!("{id:x}"), |o| obs.names.pod(o))
+                )),
+            };
+        }
+    }
+
+    // Stale storage: a PVC holding the data of a member that is gone.
+    for (ordinal, pvc) in &obs.pvcs {
+        if let Some(old) = pvc.member_id
+            && health.member(old).is_none()
+            && *ordinal < obs.desired_replicas
+        {
+            return Plan::Act(Step::DeleteStaleStorage { ordinal: *ordinal });
+        }
+    }
+
+    // 5. Scale down: the highest member beyond the desired size goes first.
+    // Shrink and clean up after each removal before removing the next.
+    let highest_member = health
+        .members()
+        .iter()
+        .filter_map(|m| ordinal_of(m.member.id))
+        .max();
+    // Never below the desired size: a failed member's ordinal is refilled, not dropped.
+    let target = highest_member
+        .map_or(1, |o| o + 1)
+        .max(obs.desired_replicas);
+    if sts.replicas > target {
+        return Plan::Act(Step::ScaleStatefulSet { replicas: target });
+    }
+    // PVCs of members removed by a scale-down, once their pod is gone.
+    for ordinal in obs.pvcs.keys() {
+        if *ordinal >= sts.replicas
+            && *ordinal >= obs.desired_replicas
+            && !obs.pods.contains_key(ordinal)
+            && member_at(*ordinal).is_none()
+        {
+            return Plan::Act(Step::DeletePvc { ordinal: *ordinal });
+        }
+    }
+
+    let mut beyond: Vec<(u32, u64)> = health
+        .voters()
+        .filter_map(|m| ordinal_of(m.member.id).map(|o| (o, m.member.id)))
+        .filter(|(o, _)| *o >= obs.desired_replicas)
+        .collect();
+    beyond.sort();
+    let foreign: Vec<u64> = health
+        .voters()
+        .filter(|m| ordinal_of(m.member.id).is_none())
+        .map(|m| m.member.id)
+        .collect();
+    if let Some(&(ordinal, id)) = beyond.last() {
+        if health.leader() == Some(id) {
+            return match pick_new_leader(health, &|o| o < obs.desired_replicas, &ordinal_of, id) {
+                Some(to) => Plan::Act(Step::MoveLeader { from: id, to }),
+                None => Plan::Wait(format!(
+                    "scale-down waits: {} leads and no other healthy member can take over",
+                    obs.names.pod(ordinal)
+                )),
+            };
+        }
+        return match health.can_remove(id) {
+            Ok(()) => Plan::Act(Step::RemoveMember {
+                ordinal: Some(ordinal),
+                member_id: id,
+                cause: RemovalCause::ScaleDown,
+            }),
+            Err(why) => Plan::Wait(format!(
+                "scale-down waits before removing {}: {why}",
+                obs.names.pod(ordinal)
+            )),
+        };
+    }
+    if let Some(&id) = foreign.first() {
+        return Plan::Wait(format!(
+            "member {id:x} has a peer URL this cluster does not own; remove it by hand if it is not wanted"
+        ));
+    }
+
+    // 6. Scale up through learners, one at a time.
+    let voters = health.voter_count() as u32;
+    if voters < obs.desired_replicas {
+        let next = (0..obs.desired_replicas)
+            .find(|o| member_at(*o).is_none())
+            .expect("fewer voters than desired leaves a free ordinal");
+        if let Some(pvc) = obs.pvcs.get(&next)
+            && pvc.member_id.is_some()
+        {
+            return Plan::Act(Step::DeleteStaleStorage { ordinal: next });
+        }
+        // Preflight: grow only a fully healthy cluster (a member that is down
+        // is replaced first, or comes back).
+        if let Some(sick) = health.voters().find(|m| !m.healthy) {
+            return Plan::Wait(format!(
+                "scaling to {} members waits until every member is healthy: {} is not{}",
+                obs.desired_replicas,
+                ordinal_of(sick.member.id)
+                    .map_or_else(|| format!("{:x}", sick.member.id), |o| obs.names.pod(o)),
+                sick.error
+                    .as_ref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
+            ));
+        }
+        return match health.can_add_learner() {
+            Ok(()) => Plan::Act(Step::AddLearner { ordinal: next }),
+            Err(why) => Plan::Wait(format!(
+                "scaling to {} members waits until the cluster is healthy: {why}",
+                obs.desired_replicas
+            )),
+        };
+    }
+
+    // 7. Roll members onto the StatefulSet's image.
+    let outdated: Vec<(u32, u64)> = obs
+        .pods
+        .iter()
+        .filter(|(_, p)| p.image != sts.image)
+        .filter_map(|(o, _)| member_at(*o).map(|id| (*o, id)))
+        .collect();
+    if !outdated.is_empty() {
+        if obs.pods.values().any(|p| p.deleting) {
+            return Plan::Wait("a member pod is being replaced".to_string());
+        }
+        if let Some(sick) = health.voters().find(|m| !m.healthy) {
+            return Plan::Wait(format!(
+                "rolling update waits: member {} is unhealthy",
+                ordinal_of(sick.member.id)
+                    .map_or_else(|| format!("{:x}", sick.member.id), |o| obs.names.pod(o))
+            ));
+        }
+        if let Some(lagging) = health
+            .voters()
+            .find(|m| health.lag(m.member.id).is_some_and(|lag| lag > 1000))
+        {
+            return Plan::Wait(format!(
+                "rolling update waits: member {:x} is catching up",
+                lagging.member.id
+            ));
+        }
+        let leader = health.leader();
+        let (ordinal, id) = outdated
+            .iter()
+            .copied()
+            .find(|(_, id)| Some(*id) != leader)
+            .unwrap_or(outdated[0]);
+        if Some(id) == leader && voters > 1 {
+            return match pick_new_leader(health, &|_| true, &ordinal_of, id) {
+                Some(to) => Plan::Act(Step::MoveLeader { from: id, to }),
+                None => {
+                    Plan::Wait("rolling update waits: no member can take over leadership".into())
+                }
+            };
+        }
+        return match health.can_restart(id) {
+            Ok(()) => Plan::Act(Step::RestartMember {
+                ordinal,
+                member_id: id,
+            }),
+            // A single-member cluster cannot restart without downtime; that is
+            // what a one-member cluster signs up for.
+            Err(crate::etcd::UnsafeReason::SingleMemberDowntime { .. }) => {
+                Plan::Act(Step::RestartMember {
+                    ordinal,
+                    member_id: id,
+                })
+            }
+            Err(why) => Plan::Wait(format!("rolling update waits: {why}")),
+        };
+    }
+
+    if let Some(sick) = health.members().iter().find(|m| !m.healthy) {
+        return Plan::Wait(format!(
+            "member {} is unhealthy{}",
+            ordinal_of(sick.member.id)
+                .map_or_else(|| format!("{:x}", sick.member.id), |o| obs.names.pod(o)),
+            sick.error
+                .as_ref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        ));
+    }
+    Plan::Converged
+}
+
+/// A healthy voter (other than `from`, passing `eligible` on its ordinal) to
+/// hand leadership to: the one with the highest raft index, lowest ordinal on ties.
+fn pick_new_leader(
+    health: &ClusterHealth,
+    eligible: &dyn Fn(u32) -> bool,
+    ordinal_of: &dyn Fn(u64) -> Option<u32>,
+    from: u64,
+) -> Option<u64> {
+    health
+        .voters()
+        .filter(|m| m.healthy && m.member.id != from)
+        .filter_map(|m| {
+            let o = ordinal_of(m.member.id)?;
+            eligible(o).then(|| {
+                (
+                    m.status.as_ref().map_or(0, |s| s.raft_index),
+                    o,
+                    m.member.id,
+                )
+            })
+        })
+        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+        .map(|(_, _, id)| id)
+}
+
+fn describe_pods(obs: &Observation) -> String {
+    if obs.pods.is_empty() {
+        return "the first member pod".to_string();
+    }
+    obs.pods
+        .iter()
+        .map(|(o, p)| {
+            format!(
+                "{} ({})",
+                obs.names.pod(*o),
+                if p.ready {
+                    "ready".to_string()
+                } else if p.running {
+                    format!("running, not ready, {} restarts", p.restart_count)
+                } else {
+                    "not running".to_string()
+                }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::{Member, MemberObservation, MemberStatus};
+
+    const IMG: &str = "etcd:v3.5.1";
+
+    fn names() -> Names {
+        Names::new("c", "etcd-system")
+    }
+
+    /// A member at `ordinal` with id `100 + ordinal`.
+    fn member(ordinal: u32, healthy: bool, leader: bool, learner: bool) -> MemberObservation {
+        let id = 100 + u64::from(ordinal);
+        MemberObservation {
+            member: Member {
+                id,
+                name: names().pod(ordinal),
+                peer_urls: vec![names().peer_url(ordinal, true)],
+                client_urls: vec![names().client_url(ordinal, true)],
+                is_learner: learner,
+            },
+            status: healthy.then(|| MemberStatus {
+                member_id: id,
+                version: "3.5.1".into(),
+                leader: if leader { id } else { 0 },
+                raft_index: 50,
+                raft_term: 2,
+                raft_applied_index: 50,
+                db_size: 1,
+                db_size_in_use: 1,
+                is_learner: learner,
+                errors: vec![],
+            }),
+            healthy,
+            error: (!healthy).then(|| "connection refused".to_string()),
+        }
+    }
+
+    fn pod(image: &str) -> PodObservation {
+        PodObservation {
+            image: image.into(),
+            running: true,
+            ready: true,
+            restart_count: 0,
+            deleting: false,
+        }
+    }
+
+    /// A converged cluster of `n` members, leader at ordinal 0.
+    fn converged(n: u32, desired: u32) -> Observation {
+        Observation {
+            names: names(),
+            tls: true,
+            desired_replicas: desired,
+            stale_objects: vec![],
+            statefulset: Some(StatefulSetObservation {
+                replicas: n,
+                image: IMG.into(),
+            }),
+            pods: (0..n).map(|o| (o, pod(IMG))).collect(),
+            pvcs: (0..n)
+                .map(|o| {
+                    (
+                        o,
+                        PvcObservation {
+                            member_id: Some(100 + u64::from(o)),
+                        },
+                    )
+                })
+                .collect(),
+            etcd: EtcdObservation::Observed(ClusterHealth::new(
+                (0..n).map(|o| member(o, true, o == 0, false)).collect(),
+            )),
+            failed_members: BTreeSet::new(),
+        }
+    }
+
+    fn with_members(mut obs: Observation, members: Vec<MemberObservation>) -> Observation {
+        obs.etcd = EtcdObservation::Observed(ClusterHealth::new(members));
+        obs
+    }
+
+    #[test]
+    fn converged_cluster_needs_nothing() {
+        assert_eq!(plan_next_step(&converged(3, 3)), Plan::Converged);
+    }
+
+    #[test]
+    fn missing_objects_are_written_first_and_bootstrap_creates_one_member() {
+        let mut obs = converged(0, 3);
+        obs.statefulset = None;
+        obs.etcd = EtcdObservation::Unreachable("no member pods".into());
+        obs.stale_objects = vec![
+            ObjectKind::Pki,
+            ObjectKind::PeerService,
+            ObjectKind::MembersConfigMap,
+            ObjectKind::StatefulSet,
+        ];
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::WriteObjects(vec![
+                ObjectKind::Pki,
+                ObjectKind::PeerService
+            ]))
+        );
+        obs.stale_objects = vec![ObjectKind::MembersConfigMap, ObjectKind::StatefulSet];
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::Bootstrap { replicas: 1 })
+        );
+    }
+
+    #[test]
+    fn a_lost_statefulset_is_recreated_wide_enough_for_every_volume() {
+        let mut obs = converged(3, 3);
+        obs.statefulset = None;
+        obs.pods.clear();
+        obs.etcd = EtcdObservation::Unreachable("down".into());
+        obs.stale_objects = vec![ObjectKind::StatefulSet];
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::Bootstrap { replicas: 3 })
+        );
+    }
+
+    #[test]
+    fn bootstrap_mode_only_waits_or_adds() {
+        let mut obs = converged(3, 1);
+        obs.etcd = EtcdObservation::Unreachable("connection refused".into());
+        obs.failed_members = BTreeSet::from([101]);
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => assert!(why.contains("no etcd member answers"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+        // A StatefulSet scaled below its volumes is widened, never narrowed.
+        obs.statefulset.as_mut().unwrap().replicas = 1;
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::ScaleStatefulSet { replicas: 3 })
+        );
+    }
+
+    #[test]
+    fn scale_up_adds_one_learner_then_starts_then_promotes() {
+        let obs = converged(1, 3);
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::AddLearner { ordinal: 1 })
+        );
+
+        // learner added, not started yet
+        let mut learner = member(1, false, false, true);
+        learner.member.name.clear();
+        learner.member.client_urls.clear();
+        let obs2 = with_members(obs.clone(), vec![member(0, true, true, false), learner]);
+        assert_eq!(
+            plan_next_step(&obs2),
+            Plan::Act(Step::ScaleStatefulSet { replicas: 2 })
+        );
+
+        // started and caught up
+        let mut obs3 = with_members(
+            obs.clone(),
+            vec![member(0, true, true, false), member(1, true, false, true)],
+        );
+        obs3.statefulset.as_mut().unwrap().replicas = 2;
+        obs3.pods.insert(1, pod(IMG));
+        obs3.pvcs.insert(
+            1,
+            PvcObservation {
+                member_id: Some(101),
+            },
+        );
+        assert_eq!(
+            plan_next_step(&obs3),
+            Plan::Act(Step::PromoteLearner {
+                ordinal: 1,
+                member_id: 101
+            })
+        );
+    }
+
+    #[test]
+    fn a_new_volume_is_recorded_with_its_member() {
+        let mut obs = with_members(
+            converged(2, 3),
+            vec![member(0, true, true, false), member(1, true, false, true)],
+        );
+        obs.pvcs.insert(1, PvcObservation { member_id: None });
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RecordPvcMember {
+                ordinal: 1,
+                member_id: 101
+            })
+        );
+    }
+
+    #[test]
+    fn a_learner_behind_waits() {
+        let mut behind = member(1, true, false, true);
+        behind.status.as_mut().unwrap().raft_index = 10;
+        let obs = with_members(converged(2, 3), vec![member(0, true, true, false), behind]);
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => assert!(why.contains("not promotable"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn scaling_waits_while_a_member_is_down_and_says_why() {
+        let obs = with_members(
+            converged(3, 5),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => {
+                assert!(
+                    why.contains("scaling to 5 members waits until every member is healthy"),
+                    "{why}"
+                );
+                assert!(why.contains("c-etcd-2 is not"), "{why}");
+            }
+            other => panic!("expected wait, got {other:?}"),
+        }
+        // With two of three down there is no quorum: it waits and says why.
+        let obs = with_members(
+            converged(3, 5),
+            vec![
+                member(0, true, true, false),
+                member(1, false, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => assert!(why.contains("scaling to 5 members waits"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn scale_down_moves_leadership_away_then_removes_the_highest_member() {
+        let obs = with_members(
+            converged(5, 3),
+            (0..5).map(|o| member(o, true, o == 4, false)).collect(),
+        );
+        match plan_next_step(&obs) {
+            Plan::Act(Step::MoveLeader { from: 104, to }) => assert!(to < 103, "{to}"),
+            other => panic!("expected MoveLeader, got {other:?}"),
+        }
+        let obs = converged(5, 3);
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RemoveMember {
+                ordinal: Some(4),
+                member_id: 104,
+                cause: RemovalCause::ScaleDown
+            })
+        );
+    }
+
+    #[test]
+    fn after_a_removal_the_statefulset_shrinks_and_then_the_pvc_goes() {
+        let mut obs = with_members(
+            converged(5, 3),
+            (0..4).map(|o| member(o, true, o == 0, false)).collect(),
+        );
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::ScaleStatefulSet { replicas: 4 })
+        );
+        obs.statefulset.as_mut().unwrap().replicas = 4;
+        obs.pods.remove(&4);
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::DeletePvc { ordinal: 4 })
+        );
+        // The pod still running: the PVC waits for it.
+        obs.pods.insert(4, pod(IMG));
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RemoveMember {
+                ordinal: Some(3),
+                member_id: 103,
+                cause: RemovalCause::ScaleDown
+            })
+        );
+    }
+
+    #[test]
+    fn a_failed_member_is_removed_its_storage_deleted_and_it_rejoins_as_a_learner() {
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        obs.failed_members = BTreeSet::from([102]);
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RemoveMember {
+                ordinal: Some(2),
+                member_id: 102,
+                cause: RemovalCause::Failed
+            })
+        );
+        // removed: its volume still holds member 102's data
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![member(0, true, true, false), member(1, true, false, false)],
+        );
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::DeleteStaleStorage { ordinal: 2 })
+        );
+        // fresh volume: it comes back as a learner at the same ordinal
+        obs.pvcs.insert(2, PvcObservation { member_id: None });
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::AddLearner { ordinal: 2 })
+        );
+    }
+
+    #[test]
+    fn a_failed_member_is_not_removed_when_that_would_lose_quorum() {
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, false, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        obs.failed_members = BTreeSet::from([101, 102]);
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => assert!(why.contains("cannot be replaced safely"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stuck_learner_is_removed() {
+        let mut obs = with_members(
+            converged(2, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, false, false, true),
+            ],
+        );
+        obs.statefulset.as_mut().unwrap().replicas = 3;
+        obs.pods.insert(2, pod(IMG));
+        obs.pvcs.insert(
+            2,
+            PvcObservation {
+                member_id: Some(102),
+            },
+        );
+        obs.failed_members = BTreeSet::from([102]);
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RemoveMember {
+                ordinal: Some(2),
+                member_id: 102,
+                cause: RemovalCause::Failed
+            })
+        );
+    }
+
+    #[test]
+    fn rolling_upgrade_goes_followers_first_then_moves_leadership_then_the_leader() {
+        const NEW: &str = "etcd:v3.5.2";
+        let mut obs = converged(3, 3);
+        obs.statefulset.as_mut().unwrap().image = NEW.into();
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RestartMember {
+                ordinal: 1,
+                member_id: 101
+            })
+        );
+        obs.pods.insert(1, pod(NEW));
+        obs.pods.insert(2, pod(NEW));
+        match plan_next_step(&obs) {
+            Plan::Act(Step::MoveLeader { from: 100, to }) => assert!(to == 101 || to == 102),
+            other => panic!("expected MoveLeader, got {other:?}"),
+        }
+        let mut obs2 = with_members(
+            obs.clone(),
+            (0..3).map(|o| member(o, true, o == 1, false)).collect(),
+        );
+        obs2.pods.insert(1, pod(NEW));
+        assert_eq!(
+            plan_next_step(&obs2),
+            Plan::Act(Step::RestartMember {
+                ordinal: 0,
+                member_id: 100
+            })
+        );
+    }
+
+    #[test]
+    fn rolling_upgrade_waits_while_any_member_is_unhealthy() {
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, false, false, false),
+                member(2, true, false, false),
+            ],
+        );
+        obs.statefulset.as_mut().unwrap().image = "etcd:v3.5.2".into();
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => assert!(why.contains("c-etcd-1 is unhealthy"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_single_member_cluster_is_restarted_for_an_upgrade() {
+        let mut obs = converged(1, 1);
+        obs.statefulset.as_mut().unwrap().image = "etcd:v3.5.2".into();
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RestartMember {
+                ordinal: 0,
+                member_id: 100
+            })
+        );
+    }
+
+    #[test]
+    fn destructive_steps_are_marked() {
+        assert!(Step::DeletePvc { ordinal: 1 }.is_destructive());
+        assert!(!Step::AddLearner { ordinal: 1 }.is_destructive());
+    }
+}

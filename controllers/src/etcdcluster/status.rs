@@ -1,0 +1,355 @@
+//! Report step: builds the new status from what the reconcile learned and
+//! writes it only when it differs from the stored one, so a converged cluster
+//! costs no write. Conditions keep their `lastTransitionTime` unless their
+//! status changes.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use etcdfleet_api::conditions::{
+    self, AVAILABLE, DEGRADED, PROGRESSING, REMOTE_REACHABLE, TEMPLATE_RESOLVED, VERSION_ACCEPTED,
+};
+use etcdfleet_api::template::{Resolution, ResolveError};
+use etcdfleet_api::version::{VersionChange, VersionRejection};
+use etcdfleet_api::{
+    AppliedTemplate, ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdTemplate,
+    MemberStatus, OperationStatus,
+};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+
+use super::observe::Observed;
+use super::plan::{EtcdObservation, Step};
+use super::{Context, Error, Result, now};
+use crate::connector::ConnectError;
+use crate::etcd::ClusterHealth;
+use crate::render;
+
+/// The status being built during one reconcile.
+pub struct Report {
+    name: String,
+    namespace: String,
+    generation: Option<i64>,
+    old: EtcdClusterStatus,
+    pub new: EtcdClusterStatus,
+    blocked: Option<String>,
+}
+
+impl Report {
+    pub fn new(cluster: &EtcdCluster) -> Self {
+        let old = cluster.status.clone().unwrap_or_default();
+        let mut new = old.clone();
+        new.observed_generation = cluster.meta().generation;
+        Report {
+            name: cluster.name_any(),
+            namespace: cluster.namespace().unwrap_or_default(),
+            generation: cluster.meta().generation,
+            old,
+            new,
+            blocked: None,
+        }
+    }
+
+    fn set(&mut self, type_: &str, status: bool, reason: &str, message: impl Into<String>) {
+        conditions::set_condition(
+            &mut self.new.conditions,
+            conditions::condition(type_, status, reason, message, self.generation, now()),
+        );
+    }
+
+    /// Why the reconcile could not go on (for `Outcome::Blocked`).
+    pub fn blocked_reason(&self) -> String {
+        self.blocked.clone().unwrap_or_else(|| "blocked".into())
+    }
+
+    pub fn template_failed(&mut self, e: &ResolveError) {
+        self.set(TEMPLATE_RESOLVED, false, e.reason(), e.to_string());
+        self.set(
+            PROGRESSING,
+            false,
+            "InvalidSpec",
+            format!("nothing is changed until this is fixed: {e}"),
+        );
+        self.blocked = Some(e.to_string());
+    }
+
+    pub fn template_applied(
+        &mut self,
+        cluster_template: Option<&ClusterEtcdTemplate>,
+        template: Option<&EtcdTemplate>,
+        resolution: &Resolution,
+    ) {
+        let (kind, name, generation) = match (template, cluster_template) {
+            (Some(t), _) => ("EtcdTemplate", t.name_any(), t.meta().generation),
+            (None, Some(ct)) => ("ClusterEtcdTemplate", ct.name_any(), ct.meta().generation),
+            (None, None) => return,
+        };
+        let base = template.and(cluster_template);
+        self.new.template = Some(AppliedTemplate {
+            kind: kind.to_string(),
+            name,
+            generation,
+            base: base.map(|b| b.name_any()),
+            base_generation: base.and_then(|b| b.meta().generation),
+            materialized_fields: resolution.template_supplied_paths(),
+            applied_at: Some(now()),
+        });
+    }
+
+    pub fn template_resolved(&mut self, _resolution: &Resolution) {
+        let message = match &self.new.template {
+            Some(t) => format!(
+                "spec is complete; defaults were taken from {} {} (generation {})",
+                t.kind,
+                t.name,
+                t.generation.unwrap_or_default()
+            ),
+            None => "spec is complete".to_string(),
+        };
+        self.set(TEMPLATE_RESOLVED, true, "Resolved", message);
+    }
+
+    pub fn version_accepted(&mut self, change: &VersionChange) {
+        let (reason, message) = match change {
+            VersionChange::Initial { requested } => {
+                ("Initial", format!("creating the cluster at {requested}"))
+            }
+            VersionChange::NoChange { version } => ("Current", format!("running {version}")),
+            VersionChange::PatchUpgrade { from, to } => (
+                "PatchUpgrade",
+                format!("rolling upgrade from {from} to {to}"),
+            ),
+            VersionChange::MinorUpgrade { from, to } => (
+                "MinorUpgrade",
+                format!("rolling upgrade from {from} to {to}"),
+            ),
+        };
+        self.set(VERSION_ACCEPTED, true, reason, message);
+    }
+
+    pub fn version_rejected(&mut self, rejection: &VersionRejection) {
+        self.set(
+            VERSION_ACCEPTED,
+            false,
+            rejection.reason(),
+            format!(
+                "{}; the cluster keeps its current version",
+                rejection.message()
+            ),
+        );
+        if self.new.current_version.is_none() {
+            self.blocked = Some(rejection.message());
+        }
+    }
+
+    pub fn remote_unreachable(&mut self, e: &ConnectError) {
+        self.set(REMOTE_REACHABLE, false, e.reason(), e.to_string());
+        self.set(
+            PROGRESSING,
+            false,
+            "WorkloadClusterUnreachable",
+            "no action is taken while the workload cluster cannot be reached",
+        );
+        self.blocked = Some(e.to_string());
+    }
+
+    pub fn remote_reachable(&mut self, server: &str) {
+        self.set(
+            REMOTE_REACHABLE,
+            true,
+            "Connected",
+            format!("workload API {server} answers"),
+        );
+    }
+
+    /// Members unhealthy for longer than `grace`, judged from the stored
+    /// `unhealthySince` (so a controller restart does not reset the clock).
+    pub fn failed_members(&self, health: &ClusterHealth, grace: Duration) -> BTreeSet<u64> {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        health
+            .members()
+            .iter()
+            .filter(|m| !m.healthy)
+            .filter(|m| {
+                self.old
+                    .members
+                    .iter()
+                    .find(|s| s.id.as_deref() == Some(&format!("{:x}", m.member.id)))
+                    .and_then(|s| s.unhealthy_since.as_ref())
+                    .and_then(|since| {
+                        std::time::Duration::try_from(now.duration_since(since.0)).ok()
+                    })
+                    .is_some_and(|d| d >= grace)
+            })
+            .map(|m| m.member.id)
+            .collect()
+    }
+
+    pub fn observed(&mut self, observed: &Observed) {
+        let names = observed.names();
+        self.new.selector = Some(render::selector_string(names));
+        let Some(health) = &observed.health else {
+            let why = match &observed.planner.etcd {
+                EtcdObservation::Unreachable(w) => w.clone(),
+                EtcdObservation::Observed(_) => String::new(),
+            };
+            self.new.ready_members = 0;
+            self.set(
+                AVAILABLE,
+                false,
+                "NoMemberAnswers",
+                format!("no etcd member answers: {why}"),
+            );
+            self.set(
+                DEGRADED,
+                true,
+                "NoMemberAnswers",
+                format!("no etcd member answers: {why}"),
+            );
+            return;
+        };
+        let leader = health.leader();
+        let mut members = Vec::new();
+        for m in health.members() {
+            let id = format!("{:x}", m.member.id);
+            let ordinal = m
+                .member
+                .peer_urls
+                .first()
+                .and_then(|u| names.ordinal_of_peer_url(u));
+            let previous = self
+                .old
+                .members
+                .iter()
+                .find(|s| s.id.as_deref() == Some(&id));
+            members.push(MemberStatus {
+                name: ordinal.map_or_else(|| m.member.name.clone(), |o| names.pod(o)),
+                id: Some(id),
+                peer_urls: m.member.peer_urls.clone(),
+                client_urls: m.member.client_urls.clone(),
+                version: m.status.as_ref().map(|s| s.version.clone()),
+                leader: leader == Some(m.member.id),
+                learner: m.member.is_learner,
+                healthy: m.healthy,
+                db_size_bytes: m.status.as_ref().map(|s| s.db_size),
+                db_size_in_use_bytes: m.status.as_ref().map(|s| s.db_size_in_use),
+                message: if m.healthy { None } else { m.error.clone() },
+                unhealthy_since: if m.healthy {
+                    None
+                } else {
+                    previous
+                        .and_then(|p| p.unhealthy_since.clone())
+                        .or_else(|| Some(now()))
+                },
+            });
+        }
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        self.new.replicas = health.voter_count() as i32;
+        self.new.ready_members = health.healthy_voter_count() as i32;
+        // The version is what etcd reports once every member runs the same one;
+        // while they differ (an upgrade in flight) the last agreed version stays.
+        let versions: BTreeSet<_> = members.iter().map(|m| m.version.clone()).collect();
+        if versions.len() == 1
+            && let Some(Some(v)) = versions.into_iter().next()
+        {
+            self.new.current_version = Some(v);
+        }
+        let unhealthy: Vec<String> = members
+            .iter()
+            .filter(|m| !m.healthy)
+            .map(|m| m.name.clone())
+            .collect();
+        self.new.members = members;
+        if health.has_quorum() {
+            self.set(
+                AVAILABLE,
+                true,
+                "QuorumHealthy",
+                format!(
+                    "{} of {} voting members healthy",
+                    health.healthy_voter_count(),
+                    health.voter_count()
+                ),
+            );
+        } else {
+            self.set(
+                AVAILABLE,
+                false,
+                "QuorumLost",
+                format!(
+                    "only {} of {} voting members healthy; etcd cannot serve writes",
+                    health.healthy_voter_count(),
+                    health.voter_count()
+                ),
+            );
+        }
+        if unhealthy.is_empty() {
+            self.set(
+                DEGRADED,
+                false,
+                "AllMembersHealthy",
+                "every member is healthy",
+            );
+        } else {
+            self.set(
+                DEGRADED,
+                true,
+                "MemberUnhealthy",
+                format!("unhealthy: {}", unhealthy.join(", ")),
+            );
+        }
+    }
+
+    pub fn paused(&mut self, next: Option<&str>) {
+        let message = match next {
+            Some(step) => format!("spec.paused is true; the next step would be: {step}"),
+            None => "spec.paused is true; nothing would be done".to_string(),
+        };
+        self.set(PROGRESSING, false, "Paused", message);
+    }
+
+    pub fn converged(&mut self) {
+        self.set(
+            PROGRESSING,
+            false,
+            "Converged",
+            "the cluster matches its spec",
+        );
+    }
+
+    pub fn waiting(&mut self, why: &str) {
+        self.set(PROGRESSING, true, "Waiting", why);
+    }
+
+    pub fn acted(&mut self, step: &Step, error: Option<&Error>) {
+        self.set(PROGRESSING, true, step.kind(), step.to_string());
+        self.new.last_operation = Some(OperationStatus {
+            type_: step.kind().to_string(),
+            target: None,
+            outcome: if error.is_some() {
+                "Failed"
+            } else {
+                "Succeeded"
+            }
+            .to_string(),
+            message: Some(match error {
+                Some(e) => format!("{step}: {e}"),
+                None => step.to_string(),
+            }),
+            time: Some(now()),
+        });
+    }
+
+    /// Writes the status if it changed. Returns whether it wrote.
+    pub async fn write(&self, ctx: &Context) -> Result<bool> {
+        if self.new == self.old {
+            return Ok(false);
+        }
+        let api: Api<EtcdCluster> = Api::namespaced(ctx.management.clone(), &self.namespace);
+        let patch = serde_json::json!({ "status": self.new });
+        api.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::ManagementApi)?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,199 @@
+//! Prometheus metrics of the controller: reconciles, failures by reason,
+//! reconcile and step durations, steps by kind and outcome, planner answers,
+//! and clusters by condition. Exposed as text on `/metrics`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::etcdcluster::plan::Plan;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    step: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepKindLabels {
+    step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlanLabels {
+    plan: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    condition: String,
+    status: String,
+}
+
+/// The controller's metrics and their registry.
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Counter,
+    failures: Family<ReasonLabels, Counter>,
+    reconcile_duration: Histogram,
+    steps: Family<StepLabels, Counter>,
+    step_duration: Family<StepKindLabels, Histogram>,
+    plans: Family<PlanLabels, Counter>,
+    clusters: Family<ConditionLabels, Gauge>,
+    cluster_conditions: Mutex<HashMap<String, Vec<(String, String)>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("etcdfleet");
+        let reconciles = Counter::default();
+        let failures = Family::<ReasonLabels, Counter>::default();
+        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        let steps = Family::<StepLabels, Counter>::default();
+        let step_duration = Family::<StepKindLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        let plans = Family::<PlanLabels, Counter>::default();
+        let clusters = Family::<ConditionLabels, Gauge>::default();
+        registry.register(
+            "reconciles",
+            "Reconciles of EtcdClusters",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_failures",
+            "Failed reconciles by reason",
+            failures.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of one reconcile",
+            reconcile_duration.clone(),
+        );
+        registry.register("steps", "Steps taken, by kind and outcome", steps.clone());
+        registry.register(
+            "step_duration_seconds",
+            "Duration of one step, by kind",
+            step_duration.clone(),
+        );
+        registry.register(
+            "plans",
+            "Planner answers (act, wait, converged)",
+            plans.clone(),
+        );
+        registry.register(
+            "clusters",
+            "EtcdClusters by condition and status",
+            clusters.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            failures,
+            reconcile_duration,
+            steps,
+            step_duration,
+            plans,
+            clusters,
+            cluster_conditions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn observe_reconcile(&self, took: Duration, failure: Option<&str>) {
+        self.reconciles.inc();
+        self.reconcile_duration.observe(took.as_secs_f64());
+        if let Some(reason) = failure {
+            self.failures
+                .get_or_create(&ReasonLabels {
+                    reason: reason.to_string(),
+                })
+                .inc();
+        }
+    }
+
+    pub fn observe_step(&self, kind: &str, took: Duration, failure: Option<&str>) {
+        self.steps
+            .get_or_create(&StepLabels {
+                step: kind.to_string(),
+                outcome: failure.unwrap_or("ok").to_string(),
+            })
+            .inc();
+        self.step_duration
+            .get_or_create(&StepKindLabels {
+                step: kind.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn observe_plan(&self, plan: &Plan) {
+        let plan = match plan {
+            Plan::Act(step) => step.kind(),
+            Plan::Wait(_) => "Wait",
+            Plan::Converged => "Converged",
+        };
+        self.plans
+            .get_or_create(&PlanLabels {
+                plan: plan.to_string(),
+            })
+            .inc();
+    }
+
+    /// Records the conditions of one cluster (`namespace/name`); `None` forgets it.
+    pub fn set_cluster_conditions(&self, cluster: &str, conditions: Option<&[Condition]>) {
+        let mut all = self
+            .cluster_conditions
+            .lock()
+            .expect("metrics lock poisoned");
+        match conditions {
+            Some(c) => {
+                all.insert(
+                    cluster.to_string(),
+                    c.iter()
+                        .map(|c| (c.type_.clone(), c.status.clone()))
+                        .collect(),
+                );
+            }
+            None => {
+                all.remove(cluster);
+            }
+        }
+        self.clusters.clear();
+        for conditions in all.values() {
+            for (condition, status) in conditions {
+                self.clusters
+                    .get_or_create(&ConditionLabels {
+                        condition: condition.clone(),
+                        status: status.clone(),
+                    })
+                    .inc();
+            }
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
