@@ -1,8 +1,11 @@
+pub mod cli;
+pub mod config;
 pub mod connector;
 pub mod crd;
 pub mod dialer;
 pub mod etcd;
 pub mod etcdcluster;
+pub mod leader;
 pub mod metrics;
 pub mod pki;
 pub mod render;

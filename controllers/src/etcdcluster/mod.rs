@@ -76,6 +76,10 @@ impl Default for ReconcilerSettings {
     }
 }
 
+/// Decides whether this controller owns an EtcdCluster (see
+/// `crate::config::ControllerConfig::owns`).
+pub type OwnerFilter = Arc<dyn Fn(&EtcdCluster) -> bool + Send + Sync>;
+
 /// Everything a reconcile needs, shared by all reconciles.
 pub struct Context {
     pub management: Client,
@@ -85,6 +89,9 @@ pub struct Context {
     pub profile: RenderProfile,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
+    /// Clusters this controller may touch; `None` owns all. The watch is
+    /// filtered too; this is the defence in depth.
+    pub owner_filter: Option<OwnerFilter>,
 }
 
 impl Context {
@@ -110,7 +117,14 @@ impl Context {
             profile: RenderProfile::default(),
             metrics,
             recorder,
+            owner_filter: None,
         }
+    }
+
+    /// Restricts the reconciler to the clusters `owns` accepts.
+    pub fn with_owner_filter(mut self, owns: OwnerFilter) -> Self {
+        self.owner_filter = Some(owns);
+        self
     }
 }
 
@@ -217,6 +231,16 @@ pub fn error_policy(cluster: Arc<EtcdCluster>, err: &Error, ctx: Arc<Context>) -
 
 /// One reconcile of one EtcdCluster.
 pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
+    // Another stage's (or shard's) cluster: no read, no write.
+    if let Some(owns) = &ctx.owner_filter
+        && !owns(cluster)
+    {
+        return Ok(Outcome::Blocked(format!(
+            "not owned by this controller: {}/{} is outside its namespaces or label selector",
+            cluster.namespace().unwrap_or_default(),
+            cluster.name_any()
+        )));
+    }
     if cluster.meta().deletion_timestamp.is_some() {
         return act::finalize(cluster, ctx).await;
     }

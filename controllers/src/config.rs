@@ -1,0 +1,727 @@
+//! The controller's own configuration: which EtcdClusters this controller
+//! owns (namespaces and a label selector), its timings, leader election, the
+//! metrics address and the log format.
+//!
+//! Loaded from a YAML file (`run --config path`), then overridden by flags,
+//! then validated into a value whose selector is already parsed. Ownership is
+//! the staged-management-cluster rule: the dev, staging and prod management
+//! clusters (or shards of one fleet) each reconcile only the clusters their
+//! selector picks, so they never touch each other's clusters. The watch is
+//! filtered by it, and [`ControllerConfig::owns`] checks it again inside the
+//! reconciler (defence in depth).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use etcdfleet_api::EtcdCluster;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+
+use crate::etcdcluster::ReconcilerSettings;
+
+/// Why a configuration cannot be used. Messages name the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing {path}: {source}")]
+    Parse {
+        path: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("log format {other:?} is neither text nor json")),
+        }
+    }
+}
+
+/// Lease-based leader election (coordination.k8s.io/v1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LeaderElectionConfig {
+    pub enabled: bool,
+    pub lease_name: String,
+    /// Namespace of the Lease; the controller's own namespace.
+    pub lease_namespace: String,
+    /// How long a lease is valid without renewal; renewed every third of it.
+    pub lease_duration_seconds: u64,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        LeaderElectionConfig {
+            enabled: false,
+            lease_name: "etcdfleet-controller".into(),
+            lease_namespace: "etcdfleet-system".into(),
+            lease_duration_seconds: 15,
+        }
+    }
+}
+
+impl LeaderElectionConfig {
+    pub fn lease_duration(&self) -> Duration {
+        Duration::from_secs(self.lease_duration_seconds)
+    }
+}
+
+/// The configuration as written in the file (camelCase YAML).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ControllerConfig {
+    /// Namespaces whose EtcdClusters this controller owns; empty = all.
+    pub namespaces: Vec<String>,
+    /// Kubernetes label selector the EtcdClusters must match.
+    pub label_selector: Option<String>,
+    pub member_failure_grace_seconds: u64,
+    pub deletion_timeout_seconds: u64,
+    pub requeue_converged_seconds: u64,
+    pub leader_election: LeaderElectionConfig,
+    pub metrics_address: String,
+    pub log_format: LogFormat,
+    /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
+    #[serde(skip)]
+    selector: LabelSelector,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        let settings = ReconcilerSettings::default();
+        ControllerConfig {
+            namespaces: Vec::new(),
+            label_selector: None,
+            member_failure_grace_seconds: settings.member_failure_grace.as_secs(),
+            deletion_timeout_seconds: settings.deletion_timeout.as_secs(),
+            requeue_converged_seconds: settings.requeue_converged.as_secs(),
+            leader_election: LeaderElectionConfig::default(),
+            metrics_address: "0.0.0.0:8080".into(),
+            log_format: LogFormat::Text,
+            selector: LabelSelector::default(),
+        }
+    }
+}
+
+/// Flag values that override the file (`None`/empty: keep the file's value).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub namespaces: Vec<String>,
+    pub label_selector: Option<String>,
+    pub member_failure_grace_seconds: Option<u64>,
+    pub deletion_timeout_seconds: Option<u64>,
+    pub requeue_converged_seconds: Option<u64>,
+    pub leader_election: Option<bool>,
+    pub lease_namespace: Option<String>,
+    pub metrics_address: Option<String>,
+    pub log_format: Option<LogFormat>,
+}
+
+impl ControllerConfig {
+    /// Parses and validates a YAML document (`source` names it in errors).
+    pub fn from_yaml(yaml: &str, source: &str) -> Result<Self, ConfigError> {
+        // An empty file is the default configuration.
+        let config: ControllerConfig = if yaml.trim().is_empty() {
+            ControllerConfig::default()
+        } else {
+            serde_yaml::from_str(yaml).map_err(|source_err| ConfigError::Parse {
+                path: source.to_string(),
+                source: source_err,
+            })?
+        };
+        config.validate()
+    }
+
+    /// Loads the file (or the defaults without one), applies the flags, validates.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
+        let config = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?;
+                Self::from_yaml(&text, &p.display().to_string())?
+            }
+            None => ControllerConfig::default(),
+        };
+        config.with_overrides(overrides).validate()
+    }
+
+    /// Applies flag values over the file's.
+    pub fn with_overrides(mut self, o: Overrides) -> Self {
+        if !o.namespaces.is_empty() {
+            self.namespaces = o.namespaces;
+        }
+        if let Some(s) = o.label_selector {
+            self.label_selector = Some(s).filter(|s| !s.trim().is_empty());
+        }
+        if let Some(v) = o.member_failure_grace_seconds {
+            self.member_failure_grace_seconds = v;
+        }
+        if let Some(v) = o.deletion_timeout_seconds {
+            self.deletion_timeout_seconds = v;
+        }
+        if let Some(v) = o.requeue_converged_seconds {
+            self.requeue_converged_seconds = v;
+        }
+        if let Some(v) = o.leader_election {
+            self.leader_election.enabled = v;
+        }
+        if let Some(v) = o.lease_namespace {
+            self.leader_election.lease_namespace = v;
+        }
+        if let Some(v) = o.metrics_address {
+            self.metrics_address = v;
+        }
+        if let Some(v) = o.log_format {
+            self.log_format = v;
+        }
+        self
+    }
+
+    /// Checks every field and parses the selector.
+    pub fn validate(mut self) -> Result<Self, ConfigError> {
+        for (field, value) in [
+            (
+                "memberFailureGraceSeconds",
+                self.member_failure_grace_seconds,
+            ),
+            ("deletionTimeoutSeconds", self.deletion_timeout_seconds),
+            ("requeueConvergedSeconds", self.requeue_converged_seconds),
+            (
+                "leaderElection.leaseDurationSeconds",
+                self.leader_election.lease_duration_seconds,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(field, "must be greater than zero"));
+            }
+        }
+        if self.leader_election.enabled {
+            // Renewal every third of the lease needs whole seconds to work with.
+            if self.leader_election.lease_duration_seconds < 3 {
+                return Err(invalid(
+                    "leaderElection.leaseDurationSeconds",
+                    "must be at least 3 (the lease is renewed every third of it)",
+                ));
+            }
+            if !is_dns_subdomain(&self.leader_election.lease_name) {
+                return Err(invalid(
+                    "leaderElection.leaseName",
+                    format!(
+                        "{:?} is not a valid object name",
+                        self.leader_election.lease_name
+                    ),
+                ));
+            }
+            if !is_dns_label(&self.leader_election.lease_namespace) {
+                return Err(invalid(
+                    "leaderElection.leaseNamespace",
+                    format!(
+                        "{:?} is not a valid namespace name",
+                        self.leader_election.lease_namespace
+                    ),
+                ));
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for ns in &self.namespaces {
+            if !is_dns_label(ns) {
+                return Err(invalid(
+                    "namespaces",
+                    format!("{ns:?} is not a valid namespace name"),
+                ));
+            }
+            if !seen.insert(ns) {
+                return Err(invalid("namespaces", format!("{ns:?} is listed twice")));
+            }
+        }
+        self.selector = match &self.label_selector {
+            Some(s) => LabelSelector::parse(s).map_err(|e| invalid("labelSelector", e))?,
+            None => LabelSelector::default(),
+        };
+        if self
+            .metrics_address
+            .parse::<std::net::SocketAddr>()
+            .is_err()
+        {
+            return Err(invalid(
+                "metricsAddress",
+                format!(
+                    "{:?} is not an address such as 0.0.0.0:8080",
+                    self.metrics_address
+                ),
+            ));
+        }
+        Ok(self)
+    }
+
+    /// The parsed label selector (everything matches without one).
+    pub fn selector(&self) -> &LabelSelector {
+        &self.selector
+    }
+
+    /// Whether this controller owns the cluster: its namespace is one of the
+    /// configured ones (or none are configured) and its labels match the selector.
+    pub fn owns(&self, cluster: &EtcdCluster) -> bool {
+        let ns_ok = self.namespaces.is_empty()
+            || cluster
+                .namespace()
+                .is_some_and(|ns| self.namespaces.contains(&ns));
+        ns_ok && self.selector.matches(cluster.labels())
+    }
+
+    /// Why the cluster is not owned (for `Outcome::Blocked` and logs).
+    pub fn describe_scope(&self) -> String {
+        let ns = if self.namespaces.is_empty() {
+            "all namespaces".to_string()
+        } else {
+            format!("namespaces {}", self.namespaces.join(", "))
+        };
+        match &self.label_selector {
+            Some(s) => format!("{ns}, labels {s:?}"),
+            None => ns,
+        }
+    }
+
+    /// The reconciler settings these timings give (other settings keep their defaults).
+    pub fn reconciler_settings(&self) -> ReconcilerSettings {
+        ReconcilerSettings {
+            member_failure_grace: Duration::from_secs(self.member_failure_grace_seconds),
+            deletion_timeout: Duration::from_secs(self.deletion_timeout_seconds),
+            requeue_converged: Duration::from_secs(self.requeue_converged_seconds),
+            ..ReconcilerSettings::default()
+        }
+    }
+}
+
+/// One requirement of a label selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requirement {
+    Equals(String, String),
+    NotEquals(String, String),
+    In(String, BTreeSet<String>),
+    NotIn(String, BTreeSet<String>),
+    Exists(String),
+    DoesNotExist(String),
+}
+
+impl Requirement {
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            Requirement::Equals(k, v) => labels.get(k) == Some(v),
+            // As in Kubernetes: `k!=v` and `k notin (...)` match objects without `k`.
+            Requirement::NotEquals(k, v) => labels.get(k) != Some(v),
+            Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
+            Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
+            Requirement::Exists(k) => labels.contains_key(k),
+            Requirement::DoesNotExist(k) => !labels.contains_key(k),
+        }
+    }
+}
+
+impl fmt::Display for Requirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set = |vs: &BTreeSet<String>| vs.iter().cloned().collect::<Vec<_>>().join(",");
+        match self {
+            Requirement::Equals(k, v) => write!(f, "{k}={v}"),
+            Requirement::NotEquals(k, v) => write!(f, "{k}!={v}"),
+            Requirement::In(k, vs) => write!(f, "{k} in ({})", set(vs)),
+            Requirement::NotIn(k, vs) => write!(f, "{k} notin ({})", set(vs)),
+            Requirement::Exists(k) => write!(f, "{k}"),
+            Requirement::DoesNotExist(k) => write!(f, "!{k}"),
+        }
+    }
+}
+
+/// A parsed Kubernetes label selector: comma-joined requirements, all of which
+/// must hold. The empty selector matches everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelSelector {
+    pub requirements: Vec<Requirement>,
+}
+
+impl fmt::Display for LabelSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.requirements.iter().map(|r| r.to_string()).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl LabelSelector {
+    /// Parses `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`,
+    /// joined by commas.
+    pub fn parse(input: &str) -> Result<Self, String> {
+        let mut requirements = Vec::new();
+        for part in split_top_level(input)? {
+            let part = part.trim();
+            if part.is_empty() {
+                return Err(format!("{input:?}: empty requirement (stray comma?)"));
+            }
+            requirements.push(parse_requirement(part).map_err(|e| format!("{part:?}: {e}"))?);
+        }
+        Ok(LabelSelector { requirements })
+    }
+
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+}
+
+/// Splits on commas outside parentheses.
+fn split_top_level(input: &str) -> Result<Vec<&str>, String> {
+    if input.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut parts = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    for (i, c) in input.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(format!("{input:?}: unbalanced ')'"));
+                }
+            }
+            ',' if depth == 0 => {
+                parts.push(&input[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err(format!("{input:?}: unbalanced '('"));
+    }
+    parts.push(&input[start..]);
+    Ok(parts)
+}
+
+fn parse_requirement(part: &str) -> Result<Requirement, String> {
+    if let Some(key) = part.strip_prefix('!') {
+        let key = key.trim();
+        check_key(key)?;
+        return Ok(Requirement::DoesNotExist(key.to_string()));
+    }
+    if let Some((k, v)) = part.split_once("!=") {
+        let (k, v) = (k.trim(), v.trim());
+        check_key(k)?;
+        check_value(v)?;
+        return Ok(Requirement::NotEquals(k.into(), v.into()));
+    }
+    if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+        let (k, v) = (k.trim(), v.trim());
+        check_key(k)?;
+        check_value(v)?;
+        return Ok(Requirement::Equals(k.into(), v.into()));
+    }
+    if let Some(open) = part.find('(') {
+        let head = part[..open].trim();
+        let Some(inner) = part[open + 1..].trim_end().strip_suffix(')') else {
+            return Err("a set must end with ')'".into());
+        };
+        let mut words = head.split_whitespace();
+        let (Some(key), Some(op), None) = (words.next(), words.next(), words.next()) else {
+            return Err("expected `key in (values)` or `key notin (values)`".into());
+        };
+        check_key(key)?;
+        let mut values = BTreeSet::new();
+        for v in inner.split(',') {
+            let v = v.trim();
+            check_value(v)?;
+            values.insert(v.to_string());
+        }
+        if values.is_empty() || inner.trim().is_empty() {
+            return Err("a set needs at least one value".into());
+        }
+        return match op {
+            "in" => Ok(Requirement::In(key.into(), values)),
+            "notin" => Ok(Requirement::NotIn(key.into(), values)),
+            other => Err(format!("unknown operator {other:?}; expected in or notin")),
+        };
+    }
+    check_key(part)?;
+    Ok(Requirement::Exists(part.to_string()))
+}
+
+/// A label key: `[prefix/]name`, prefix a DNS subdomain, name up to 63
+/// characters of alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
+fn check_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix
+        && !is_dns_subdomain(p)
+    {
+        return Err(format!("label key prefix {p:?} is not a DNS subdomain"));
+    }
+    if !is_label_name(name) || name.is_empty() {
+        return Err(format!(
+            "{key:?} is not a valid label key (up to 63 alphanumerics, '-', '_', '.', \
+             starting and ending alphanumeric, with an optional DNS prefix and '/')"
+        ));
+    }
+    Ok(())
+}
+
+fn check_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || is_label_name(value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{value:?} is not a valid label value (up to 63 alphanumerics, '-', '_', '.', \
+             starting and ending alphanumeric)"
+        ))
+    }
+}
+
+fn is_label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && b.last()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcdfleet_api::EtcdClusterSpec;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn cluster(ns: &str, pairs: &[(&str, &str)]) -> EtcdCluster {
+        let mut c = EtcdCluster::new("c", EtcdClusterSpec::default());
+        c.metadata.namespace = Some(ns.into());
+        c.metadata.labels = Some(labels(pairs));
+        c
+    }
+
+    #[test]
+    fn defaults_from_empty_file() {
+        let c = ControllerConfig::from_yaml("", "config.yaml").unwrap();
+        assert!(c.namespaces.is_empty());
+        assert_eq!(c.metrics_address, "0.0.0.0:8080");
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert!(!c.leader_election.enabled);
+        assert_eq!(c.member_failure_grace_seconds, 120);
+        assert!(c.selector().is_empty());
+    }
+
+    #[test]
+    fn parses_full_file() {
+        let yaml = r#"
+namespaces: [team-a, team-b]
+labelSelector: "etcdfleet.dev/stage=prod,tier in (gold, silver),!legacy"
+memberFailureGraceSeconds: 300
+deletionTimeoutSeconds: 900
+requeueConvergedSeconds: 30
+leaderElection:
+  enabled: true
+  leaseName: etcdfleet-prod
+  leaseNamespace: etcdfleet-system
+  leaseDurationSeconds: 30
+metricsAddress: 127.0.0.1:9090
+logFormat: json
+"#;
+        let c = ControllerConfig::from_yaml(yaml, "config.yaml").unwrap();
+        assert_eq!(c.namespaces, vec!["team-a", "team-b"]);
+        assert_eq!(c.selector().requirements.len(), 3);
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.leader_election.lease_duration(), Duration::from_secs(30));
+        let s = c.reconciler_settings();
+        assert_eq!(s.member_failure_grace, Duration::from_secs(300));
+        assert_eq!(s.deletion_timeout, Duration::from_secs(900));
+        assert_eq!(s.requeue_converged, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let err = ControllerConfig::from_yaml("labelSelectr: a=b\n", "c.yaml").unwrap_err();
+        assert!(err.to_string().contains("labelSelectr"), "{err}");
+    }
+
+    #[test]
+    fn zero_durations_are_rejected_by_name() {
+        for (yaml, field) in [
+            ("memberFailureGraceSeconds: 0", "memberFailureGraceSeconds"),
+            ("deletionTimeoutSeconds: 0", "deletionTimeoutSeconds"),
+            ("requeueConvergedSeconds: 0", "requeueConvergedSeconds"),
+            (
+                "leaderElection: {leaseDurationSeconds: 0}",
+                "leaderElection.leaseDurationSeconds",
+            ),
+        ] {
+            let err = ControllerConfig::from_yaml(yaml, "c.yaml").unwrap_err();
+            assert!(
+                err.to_string().starts_with(field),
+                "{yaml}: {err} should name {field}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_are_rejected_by_name() {
+        for (yaml, field) in [
+            ("labelSelector: 'stage in (dev'", "labelSelector"),
+            ("labelSelector: 'stage=d ev'", "labelSelector"),
+            ("labelSelector: 'a=b,,c=d'", "labelSelector"),
+            ("labelSelector: '-bad=x'", "labelSelector"),
+            ("labelSelector: 'stage within (a)'", "labelSelector"),
+            ("metricsAddress: localhost", "metricsAddress"),
+            ("namespaces: [Team_A]", "namespaces"),
+            ("namespaces: [a, a]", "namespaces"),
+            (
+                "leaderElection: {enabled: true, leaseDurationSeconds: 2}",
+                "leaderElection.leaseDurationSeconds",
+            ),
+        ] {
+            let err = ControllerConfig::from_yaml(yaml, "c.yaml").unwrap_err();
+            assert!(
+                err.to_string().starts_with(field),
+                "{yaml}: {err} should name {field}"
+            );
+        }
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let file = ControllerConfig::from_yaml(
+            "namespaces: [a]\nlabelSelector: stage=dev\nlogFormat: text\n",
+            "c.yaml",
+        )
+        .unwrap();
+        let c = file
+            .with_overrides(Overrides {
+                namespaces: vec!["b".into()],
+                label_selector: Some("stage=prod".into()),
+                leader_election: Some(true),
+                log_format: Some(LogFormat::Json),
+                metrics_address: Some("127.0.0.1:1".into()),
+                ..Overrides::default()
+            })
+            .validate()
+            .unwrap();
+        assert_eq!(c.namespaces, vec!["b"]);
+        assert_eq!(c.label_selector.as_deref(), Some("stage=prod"));
+        assert!(c.leader_election.enabled);
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert!(c.owns(&cluster("b", &[("stage", "prod")])));
+        assert!(!c.owns(&cluster("b", &[("stage", "dev")])));
+    }
+
+    #[test]
+    fn selector_operators() {
+        let l = labels(&[("etcdfleet.dev/stage", "prod"), ("tier", "gold")]);
+        let yes = [
+            "",
+            "etcdfleet.dev/stage=prod",
+            "etcdfleet.dev/stage==prod",
+            "etcdfleet.dev/stage!=dev",
+            "etcdfleet.dev/stage in (staging, prod)",
+            "etcdfleet.dev/stage notin (dev,staging)",
+            "tier",
+            "!legacy",
+            "missing!=x",
+            "missing notin (x)",
+            "tier=gold, etcdfleet.dev/stage in (prod)",
+        ];
+        for s in yes {
+            assert!(LabelSelector::parse(s).unwrap().matches(&l), "{s}");
+        }
+        let no = [
+            "etcdfleet.dev/stage=dev",
+            "etcdfleet.dev/stage!=prod",
+            "etcdfleet.dev/stage in (dev,staging)",
+            "etcdfleet.dev/stage notin (prod)",
+            "legacy",
+            "!tier",
+            "missing in (x)",
+            "tier=gold,etcdfleet.dev/stage=dev",
+        ];
+        for s in no {
+            assert!(!LabelSelector::parse(s).unwrap().matches(&l), "{s}");
+        }
+    }
+
+    #[test]
+    fn selector_round_trips_through_display() {
+        let s = LabelSelector::parse("a=b,c!=d,e in (g,f),h notin (i),j,!k").unwrap();
+        assert_eq!(s.to_string(), "a=b,c!=d,e in (f,g),h notin (i),j,!k");
+        assert_eq!(LabelSelector::parse(&s.to_string()).unwrap(), s);
+    }
+
+    #[test]
+    fn owns_checks_namespace_and_labels() {
+        let c = ControllerConfig::from_yaml(
+            "namespaces: [team-a]\nlabelSelector: etcdfleet.dev/stage=prod\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert!(c.owns(&cluster("team-a", &[("etcdfleet.dev/stage", "prod")])));
+        assert!(!c.owns(&cluster("team-b", &[("etcdfleet.dev/stage", "prod")])));
+        assert!(!c.owns(&cluster("team-a", &[("etcdfleet.dev/stage", "dev")])));
+        assert!(!c.owns(&cluster("team-a", &[])));
+        let all = ControllerConfig::default().validate().unwrap();
+        assert!(all.owns(&cluster("anything", &[])));
+    }
+}
