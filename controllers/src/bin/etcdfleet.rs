@@ -1,0 +1,447 @@
+//! The etcdfleet controller binary.
+//!
+//! - `run`: the controller (management client, connector, metrics and health
+//!   endpoints, optional Lease leader election, one watch per namespace);
+//! - `render`: offline, what the controller would write for a cluster;
+//! - `plan`: offline, what the controller would do next for clusters as
+//!   `kubectl get -o yaml` shows them.
+//!
+//! The wiring is thin on purpose: decisions live in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use etcdfleet_api::EtcdCluster;
+use etcdfleet_controllers::cli::{Manifests, plan_all, render_cluster};
+use etcdfleet_controllers::config::{ControllerConfig, LogFormat, Overrides};
+use etcdfleet_controllers::connector::{
+    ConnectorSettings, KubeconfigClientFactory, WorkloadClusterConnector,
+};
+use etcdfleet_controllers::dialer::DirectDialer;
+use etcdfleet_controllers::etcdcluster::{self, Context};
+use etcdfleet_controllers::leader::LeaderElector;
+use etcdfleet_controllers::metrics::Metrics;
+use futures::StreamExt;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+#[derive(Parser)]
+#[command(
+    name = "etcdfleet",
+    version,
+    about = "Keeps the etcd clusters of many workload clusters alive, correct and up to date"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the controller.
+    Run(RunArgs),
+    /// Resolve an EtcdCluster against templates and print what would be written.
+    Render {
+        /// File with the EtcdCluster(s).
+        #[arg(long)]
+        cluster: PathBuf,
+        /// EtcdTemplate file(s).
+        #[arg(long = "template")]
+        templates: Vec<PathBuf>,
+        /// ClusterEtcdTemplate file(s).
+        #[arg(long = "cluster-template")]
+        cluster_templates: Vec<PathBuf>,
+    },
+    /// Print what the controller would do next for each EtcdCluster, and why.
+    Plan {
+        /// Multi-document YAML of EtcdClusters (with status) and templates.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+        /// How long a member may be unhealthy before it is replaced.
+        #[arg(long, default_value_t = 120)]
+        member_failure_grace_seconds: u64,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Configuration file (YAML); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Namespace to watch (repeatable); none = all namespaces.
+    #[arg(long = "namespace")]
+    namespaces: Vec<String>,
+    /// Label selector the EtcdClusters must match.
+    #[arg(long)]
+    label_selector: Option<String>,
+    #[arg(long)]
+    member_failure_grace_seconds: Option<u64>,
+    #[arg(long)]
+    deletion_timeout_seconds: Option<u64>,
+    #[arg(long)]
+    requeue_converged_seconds: Option<u64>,
+    /// Enable or disable Lease leader election.
+    #[arg(long)]
+    leader_elect: Option<bool>,
+    /// Namespace of the leader Lease (the controller's own namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    #[arg(long)]
+    metrics_address: Option<String>,
+    /// text or json.
+    #[arg(long)]
+    log_format: Option<LogFormat>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            runtime.block_on(run(args))
+        }
+        Command::Render {
+            cluster,
+            templates,
+            cluster_templates,
+        } => render(&cluster, &templates, &cluster_templates),
+        Command::Plan {
+            files,
+            member_failure_grace_seconds,
+        } => plan(&files, member_failure_grace_seconds),
+    }
+}
+
+fn read_manifests(paths: &[PathBuf]) -> Result<Manifests, String> {
+    let mut all = Manifests::default();
+    for p in paths {
+        let text =
+            std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))?;
+        all.add(&text, &p.display().to_string())
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(all)
+}
+
+fn render(cluster: &PathBuf, templates: &[PathBuf], cluster_templates: &[PathBuf]) -> ExitCode {
+    let result = (|| {
+        let clusters = read_manifests(std::slice::from_ref(cluster))?;
+        if clusters.clusters.is_empty() {
+            return Err(format!("{}: no EtcdCluster found", cluster.display()));
+        }
+        let mut templates = read_manifests(templates)?;
+        templates.extend(read_manifests(cluster_templates)?);
+        let mut out = String::new();
+        for c in &clusters.clusters {
+            out.push_str(
+                &render_cluster(c, &templates)
+                    .map_err(|e| e.to_string())?
+                    .to_string(),
+            );
+        }
+        Ok(out)
+    })();
+    match result {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn plan(files: &[PathBuf], grace_seconds: u64) -> ExitCode {
+    let manifests = match read_manifests(files) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if manifests.clusters.is_empty() {
+        eprintln!("error: no EtcdCluster in the given files");
+        return ExitCode::from(2);
+    }
+    let plans = plan_all(
+        &manifests,
+        k8s_openapi::jiff::Timestamp::now(),
+        Duration::from_secs(grace_seconds),
+    );
+    for (i, p) in plans.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print!("{p}");
+    }
+    ExitCode::SUCCESS
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Liveness and readiness as the HTTP endpoints report them.
+#[derive(Default)]
+struct Health {
+    /// The controllers run (and, with leader election, this replica leads).
+    ready: AtomicBool,
+}
+
+async fn run(args: RunArgs) -> ExitCode {
+    let overrides = Overrides {
+        namespaces: args.namespaces,
+        label_selector: args.label_selector,
+        member_failure_grace_seconds: args.member_failure_grace_seconds,
+        deletion_timeout_seconds: args.deletion_timeout_seconds,
+        requeue_converged_seconds: args.requeue_converged_seconds,
+        leader_election: args.leader_elect,
+        lease_namespace: args.lease_namespace,
+        metrics_address: args.metrics_address,
+        log_format: args.log_format,
+    };
+    let config = match ControllerConfig::load(args.config.as_deref(), overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(config.log_format);
+    info!(scope = %config.describe_scope(), leader_election = config.leader_election.enabled, "starting etcdfleet controller");
+
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            error!(error = %e, "cannot build the management cluster client");
+            return ExitCode::from(1);
+        }
+    };
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+
+    let listener = match tokio::net::TcpListener::bind(&config.metrics_address).await {
+        Ok(l) => l,
+        Err(e) => {
+            error!(address = %config.metrics_address, error = %e, "cannot listen");
+            return ExitCode::from(1);
+        }
+    };
+    tokio::spawn(serve_http(listener, metrics.clone(), health.clone()));
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let shutdown_tx = Arc::new(shutdown_tx);
+    tokio::spawn({
+        let tx = shutdown_tx.clone();
+        async move {
+            wait_for_signal().await;
+            info!("shutdown requested");
+            let _ = tx.send(true);
+        }
+    });
+    let shutdown = move || {
+        let mut rx = shutdown_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+
+    // Leader election: wait for the Lease (or for shutdown), then keep it.
+    let lease_lost = Arc::new(AtomicBool::new(false));
+    let elector = config.leader_election.enabled.then(|| {
+        Arc::new(LeaderElector::new(
+            client.clone(),
+            &config.leader_election,
+            LeaderElector::default_identity(),
+        ))
+    });
+    if let Some(elector) = &elector {
+        tokio::select! {
+            () = elector.acquire() => {}
+            () = shutdown() => return ExitCode::SUCCESS,
+        }
+        tokio::spawn({
+            let elector = elector.clone();
+            let tx = shutdown_tx.clone();
+            let lost = lease_lost.clone();
+            let health = health.clone();
+            async move {
+                let why = elector.hold().await;
+                error!(error = %why, "lost leadership; stopping the controller");
+                lost.store(true, Ordering::SeqCst);
+                health.ready.store(false, Ordering::SeqCst);
+                let _ = tx.send(true);
+                // Never reconcile after another replica may have taken over:
+                // leave before the lease can expire for the others.
+                tokio::time::sleep(elector.renew_interval()).await;
+                std::process::exit(1);
+            }
+        });
+    }
+
+    let connector = WorkloadClusterConnector::new(
+        client.clone(),
+        Arc::new(KubeconfigClientFactory::default()),
+        ConnectorSettings::default(),
+    );
+    let owner = config.clone();
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            connector,
+            Arc::new(DirectDialer),
+            config.reconciler_settings(),
+            metrics.clone(),
+        )
+        .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c))),
+    );
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                let evicted = ctx.connector.evict_idle();
+                if evicted > 0 {
+                    info!(evicted, "dropped idle workload cluster clients");
+                }
+            }
+        }
+    });
+
+    let mut watch_config = watcher::Config::default();
+    if let Some(selector) = &config.label_selector {
+        watch_config = watch_config.labels(selector);
+    }
+    let apis: Vec<Api<EtcdCluster>> = if config.namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        config
+            .namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    };
+    let controllers = apis.into_iter().map(|api| {
+        Controller::new(api, watch_config.clone())
+            .graceful_shutdown_on(shutdown())
+            .run(
+                etcdcluster::reconcile,
+                etcdcluster::error_policy,
+                ctx.clone(),
+            )
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    warn!(error = %e, "reconcile failed");
+                }
+            })
+    });
+    health.ready.store(true, Ordering::SeqCst);
+    info!("controller running");
+    futures::future::join_all(controllers).await;
+    health.ready.store(false, Ordering::SeqCst);
+
+    if lease_lost.load(Ordering::SeqCst) {
+        return ExitCode::from(1);
+    }
+    if let Some(elector) = &elector {
+        elector.release().await;
+    }
+    info!("stopped");
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// A minimal HTTP/1.1 server for `/metrics`, `/healthz` and `/readyz`: one
+/// request per connection, nothing else.
+async fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, health: Arc<Health>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        let health = health.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut len = 0;
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while len < buf.len() {
+                    match stream.read(&mut buf[len..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => len += n,
+                    }
+                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            })
+            .await;
+            if read.is_err() {
+                return;
+            }
+            let request = String::from_utf8_lossy(&buf[..len]);
+            let path = request
+                .lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .unwrap_or("/");
+            let path = path.split('?').next().unwrap_or(path);
+            let (status, content_type, body) = match path {
+                "/metrics" => (
+                    "200 OK",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    metrics.encode(),
+                ),
+                "/healthz" | "/livez" => ("200 OK", "text/plain", "ok\n".to_string()),
+                "/readyz" if health.ready.load(Ordering::SeqCst) => {
+                    ("200 OK", "text/plain", "ready\n".to_string())
+                }
+                "/readyz" => (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "not ready (not running or not the leader)\n".to_string(),
+                ),
+                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
