@@ -99,12 +99,13 @@ impl std::fmt::Debug for IssuedCert {
 /// Default lifetime of a generated CA.
 pub const CA_VALIDITY_DAYS: u32 = 3650;
 
-/// A CA able to sign leaf certificates. Keeps its own PEM so it can be stored
-/// and loaded again later ([`CertificateAuthority::from_pem`]) to re-sign.
+/// A CA able to sign leaf certificates. It is its PEM pair (validated when
+/// made), so it can be stored, cloned, and loaded again later
+/// ([`CertificateAuthority::from_pem`]) to re-sign.
+#[derive(Clone)]
 pub struct CertificateAuthority {
     cert_pem: String,
     key_pem: String,
-    issuer: Issuer<'static, KeyPair>,
 }
 
 impl std::fmt::Debug for CertificateAuthority {
@@ -136,24 +137,26 @@ impl CertificateAuthority {
         set_validity(&mut params, validity_days)?;
         let key = KeyPair::generate()?;
         let cert = params.self_signed(&key)?;
-        let key_pem = key.serialize_pem();
         Ok(CertificateAuthority {
             cert_pem: cert.pem(),
-            key_pem,
-            issuer: Issuer::new(params, key),
+            key_pem: key.serialize_pem(),
         })
     }
 
     /// Loads a CA previously produced by [`generate`](Self::generate) (or any
     /// CA certificate with its PKCS#8 key) so it can sign again.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self> {
-        let key = KeyPair::from_pem(key_pem).map_err(PkiError::InvalidCa)?;
-        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(PkiError::InvalidCa)?;
-        Ok(CertificateAuthority {
+        let ca = CertificateAuthority {
             cert_pem: cert_pem.to_string(),
             key_pem: key_pem.to_string(),
-            issuer,
-        })
+        };
+        ca.issuer()?;
+        Ok(ca)
+    }
+
+    fn issuer(&self) -> Result<Issuer<'static, KeyPair>> {
+        let key = KeyPair::from_pem(&self.key_pem).map_err(PkiError::InvalidCa)?;
+        Issuer::from_ca_cert_pem(&self.cert_pem, key).map_err(PkiError::InvalidCa)
     }
 
     pub fn cert_pem(&self) -> &str {
@@ -199,7 +202,7 @@ impl CertificateAuthority {
             .extend(spec.ip_addresses.iter().copied().map(SanType::IpAddress));
         set_validity(&mut params, spec.validity_days)?;
         let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.issuer)?;
+        let cert = params.signed_by(&key, &self.issuer()?)?;
         Ok(IssuedCert {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),

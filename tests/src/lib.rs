@@ -1,2 +1,3 @@
+pub mod etcd_harness;
 pub mod fleet;
 pub mod runtime;

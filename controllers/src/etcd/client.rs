@@ -7,6 +7,7 @@
 //! reachability always come from an RPC answered within a deadline.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
@@ -347,7 +348,7 @@ impl ClusterClient {
         )
         .await;
         match result {
-            Err(EtcdError::PeerUrlsExist(message)) => {
+            Err(EtcdError::MemberExists(message)) => {
                 let members = self.list_members().await?;
                 match members
                     .iter()
@@ -357,7 +358,7 @@ impl ClusterClient {
                         id: existing.id,
                         members,
                     }),
-                    None => Err(EtcdError::PeerUrlsExist(message)),
+                    None => Err(EtcdError::MemberExists(message)),
                 }
             }
             other => other,
@@ -395,10 +396,15 @@ impl ClusterClient {
     }
 
     /// Removes `member_id`. Retries etcd's transient refusals (a member that
-    /// restarted less than ~5 s ago does not count as active yet). It does not
-    /// judge safety: ask [`ClusterHealth::can_remove`] first.
+    /// restarted less than ~5 s ago does not count as active yet) and
+    /// timeouts (raft silently drops a conf change proposed while another is
+    /// pending, which looks like a hang). If an attempt timed out and a later
+    /// one answers "member not found", the timed-out one did remove it: that
+    /// is success. It does not judge safety: ask [`ClusterHealth::can_remove`]
+    /// first.
     pub async fn remove_member(&self, member_id: u64) -> Result<Vec<Member>> {
-        retry_until(
+        let timed_out = AtomicBool::new(false);
+        let result = retry_until(
             self.config.deadlines.reconfigure,
             |e| {
                 matches!(
@@ -406,6 +412,7 @@ impl ClusterClient {
                     EtcdError::UnhealthyCluster(_)
                         | EtcdError::NoLeader(_)
                         | EtcdError::Unreachable(_)
+                        | EtcdError::Timeout { .. }
                 )
             },
             || async {
@@ -416,11 +423,22 @@ impl ClusterClient {
                     Some(member_id),
                     c.member_remove(member_id),
                 )
-                .await?;
+                .await
+                .inspect_err(|e| {
+                    if matches!(e, EtcdError::Timeout { .. }) {
+                        timed_out.store(true, Ordering::Relaxed);
+                    }
+                })?;
                 Ok(resp.members().iter().map(Member::from).collect())
             },
         )
-        .await
+        .await;
+        match result {
+            Err(EtcdError::MemberNotFound { .. }) if timed_out.load(Ordering::Relaxed) => {
+                self.list_members().await
+            }
+            other => other,
+        }
     }
 
     /// Asks every configured endpoint for its status and returns the client

@@ -25,8 +25,8 @@ pub enum EtcdError {
     NotALearner { member_id: u64 },
     #[error("the cluster already has a learner")]
     TooManyLearners,
-    #[error("a member with these peer URLs already exists: {0}")]
-    PeerUrlsExist(String),
+    #[error("the member already exists: {0}")]
+    MemberExists(String),
     #[error("etcd refused the membership change as unsafe: {0}")]
     UnhealthyCluster(String),
     #[error("no leader: {0}")]
@@ -54,7 +54,7 @@ impl EtcdError {
             EtcdError::MemberNotFound { .. } => "MemberNotFound",
             EtcdError::NotALearner { .. } => "NotALearner",
             EtcdError::TooManyLearners => "TooManyLearners",
-            EtcdError::PeerUrlsExist(_) => "PeerURLsExist",
+            EtcdError::MemberExists(_) => "MemberExists",
             EtcdError::UnhealthyCluster(_) => "UnhealthyCluster",
             EtcdError::NoLeader(_) => "NoLeader",
             EtcdError::NotLeader { .. } => "NotLeader",
@@ -147,8 +147,11 @@ pub(crate) fn classify_status(code: &str, message: &str, member_id: u64) -> Etcd
         EtcdError::MemberNotFound { member_id }
     } else if m.starts_with("too many learner members in cluster") {
         EtcdError::TooManyLearners
-    } else if m.starts_with("Peer URLs already exists") {
-        EtcdError::PeerUrlsExist(message.to_string())
+    } else if m.starts_with("Peer URLs already exists") || m.starts_with("member ID already exist")
+    {
+        // The second form: a retried add of the same peer URLs within the
+        // same second computes the same member id.
+        EtcdError::MemberExists(message.to_string())
     } else if m.starts_with("unhealthy cluster")
         || m.starts_with("re-configuration failed due to not enough started members")
     {
@@ -199,7 +202,12 @@ mod tests {
             (
                 "FailedPrecondition",
                 "etcdserver: Peer URLs already exists",
-                "PeerURLsExist",
+                "MemberExists",
+            ),
+            (
+                "FailedPrecondition",
+                "etcdserver: member ID already exist",
+                "MemberExists",
             ),
             (
                 "Unavailable",
