@@ -296,8 +296,8 @@ async fn disjoint_selectors_reconcile_disjoint_clusters() {
                 );
                 assert!(
                     made.iter()
-                        .any(|c| c.verb == "patch_status" && c.name == name
-                            || c.verb == "replace_status" && c.name == name),
+                        .any(|c| (c.verb == "patch_status" || c.verb == "replace_status")
+                            && c.name == name),
                     "{stage} should write the status of {name}: {made:?}"
                 );
                 assert!(
