@@ -1,0 +1,221 @@
+//! The test driver: runs the real reconciler against the fake management API
+//! and reconciles until the planner has nothing left to do. The fake API has
+//! no watch, so the driver is the controller loop: reconcile every cluster,
+//! let the workload runtimes catch up, repeat.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow, bail};
+use etcdfleet_api::EtcdCluster;
+use etcdfleet_controllers::connector::{
+    ConnectorSettings, WorkloadClientFactory, WorkloadClusterConnector,
+};
+use etcdfleet_controllers::dialer::EtcdDialer;
+use etcdfleet_controllers::etcd::Deadlines;
+use etcdfleet_controllers::etcdcluster::plan::Step;
+use etcdfleet_controllers::etcdcluster::{Context, Outcome, ReconcilerSettings, reconcile_cluster};
+use etcdfleet_controllers::metrics::Metrics;
+use etcdfleet_controllers::render::RenderProfile;
+use kube::{Api, Client};
+
+/// Settings for tests: short deadlines and a short failure grace.
+pub fn fast_settings() -> ReconcilerSettings {
+    ReconcilerSettings {
+        member_failure_grace: Duration::from_secs(4),
+        deletion_timeout: Duration::from_secs(5),
+        etcd_deadlines: Deadlines {
+            connect: Duration::from_secs(1),
+            request: Duration::from_secs(2),
+            health: Duration::from_millis(1500),
+            reconfigure: Duration::from_secs(10),
+            promote: Duration::from_secs(3),
+            defragment: Duration::from_secs(30),
+            snapshot: Duration::from_secs(60),
+        },
+        requeue_converged: Duration::from_secs(30),
+        requeue_progress: Duration::from_millis(300),
+    }
+}
+
+/// One controller instance: its whole in-memory state is its `Context`, so
+/// "killing the controller" is dropping this and building a new one.
+pub struct TestController {
+    pub ctx: Arc<Context>,
+    management: Client,
+    factory: Arc<dyn WorkloadClientFactory>,
+    dialer: Arc<dyn EtcdDialer>,
+    settings: ReconcilerSettings,
+}
+
+impl TestController {
+    pub fn new(
+        management: Client,
+        factory: Arc<dyn WorkloadClientFactory>,
+        dialer: Arc<dyn EtcdDialer>,
+        settings: ReconcilerSettings,
+    ) -> Self {
+        let ctx = Self::context(
+            &management,
+            &factory,
+            &dialer,
+            &settings,
+            RenderProfile::default(),
+        );
+        TestController {
+            ctx: Arc::new(ctx),
+            management,
+            factory,
+            dialer,
+            settings,
+        }
+    }
+
+    fn context(
+        management: &Client,
+        factory: &Arc<dyn WorkloadClientFactory>,
+        dialer: &Arc<dyn EtcdDialer>,
+        settings: &ReconcilerSettings,
+        profile: RenderProfile,
+    ) -> Context {
+        let connector = WorkloadClusterConnector::new(
+            management.clone(),
+            factory.clone(),
+            ConnectorSettings {
+                backoff_base: Duration::from_millis(100),
+                backoff_max: Duration::from_secs(1),
+                ..ConnectorSettings::default()
+            },
+        );
+        let mut ctx = Context::new(
+            management.clone(),
+            connector,
+            dialer.clone(),
+            settings.clone(),
+            Arc::new(Metrics::new()),
+        );
+        ctx.profile = profile;
+        ctx
+    }
+
+    /// Drops all controller state (client cache, backoff, event cache) and
+    /// starts afresh, as a crashed and restarted controller would.
+    pub fn restart(&mut self) {
+        let profile = self.ctx.profile.clone();
+        self.ctx = Arc::new(Self::context(
+            &self.management,
+            &self.factory,
+            &self.dialer,
+            &self.settings,
+            profile,
+        ));
+    }
+
+    /// A controller of the next release: same state, different rendering.
+    pub fn upgrade_to(&mut self, profile: RenderProfile) {
+        self.ctx = Arc::new(Self::context(
+            &self.management,
+            &self.factory,
+            &self.dialer,
+            &self.settings,
+            profile,
+        ));
+    }
+
+    /// Reads the cluster and reconciles it once.
+    pub async fn reconcile(&self, namespace: &str, name: &str) -> Result<Outcome> {
+        let api: Api<EtcdCluster> = Api::namespaced(self.management.clone(), namespace);
+        let cluster = api.get(name).await?;
+        Ok(reconcile_cluster(&cluster, &self.ctx).await?)
+    }
+}
+
+/// What [`converge`] saw.
+#[derive(Debug, Default)]
+pub struct ConvergeLog {
+    pub steps: Vec<(String, Step)>,
+    pub last: Vec<(String, Outcome)>,
+    pub errors: Vec<String>,
+}
+
+impl ConvergeLog {
+    pub fn steps_of(&self, cluster: &str) -> Vec<&Step> {
+        self.steps
+            .iter()
+            .filter(|(c, _)| c == cluster)
+            .map(|(_, s)| s)
+            .collect()
+    }
+}
+
+/// Reconciles `clusters` (namespace, name) round-robin until each one is
+/// converged or blocked, calling `between` after every round (the workload
+/// runtimes' sync) and `after_step` after every step taken. Fails after
+/// `timeout` with the last outcome of every cluster.
+pub async fn converge<B, BF, A>(
+    controller: &mut TestController,
+    clusters: &[(&str, &str)],
+    timeout: Duration,
+    mut between: B,
+    mut after_step: A,
+) -> Result<ConvergeLog>
+where
+    B: FnMut() -> BF,
+    BF: std::future::Future<Output = Result<()>>,
+    A: FnMut(&str, &Step, &mut TestController) -> Result<()>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut log = ConvergeLog::default();
+    loop {
+        between().await?;
+        let mut done = true;
+        log.last.clear();
+        for (ns, name) in clusters {
+            let key = format!("{ns}/{name}");
+            match controller.reconcile(ns, name).await {
+                Ok(Outcome::Acted(step)) => {
+                    eprintln!("[{key}] {step}");
+                    after_step(&key, &step, controller)?;
+                    log.steps.push((key.clone(), step.clone()));
+                    log.last.push((key, Outcome::Acted(step)));
+                    done = false;
+                }
+                Ok(outcome @ Outcome::Waiting(_)) => {
+                    log.last.push((key, outcome));
+                    done = false;
+                }
+                Ok(outcome) => log.last.push((key, outcome)),
+                Err(e) => {
+                    eprintln!("[{key}] error: {e}");
+                    log.errors.push(format!("{key}: {e}"));
+                    done = false;
+                }
+            }
+        }
+        if done {
+            return Ok(log);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "not converged after {timeout:?}; last outcomes: {:#?}; recent errors: {:?}",
+                log.last,
+                log.errors.iter().rev().take(5).collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+/// Convenience for tests that need no per-step hook.
+pub fn no_hook(_: &str, _: &Step, _: &mut TestController) -> Result<()> {
+    Ok(())
+}
+
+/// The outcome of one cluster in a converge log, or an error.
+pub fn outcome_of<'a>(log: &'a ConvergeLog, key: &str) -> Result<&'a Outcome> {
+    log.last
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, o)| o)
+        .ok_or_else(|| anyhow!("{key} not in the log"))
+}

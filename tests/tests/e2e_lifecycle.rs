@@ -1,0 +1,627 @@
+//! End to end on real etcd: one controller, a fake management API, fake
+//! workload APIs whose StatefulSets a runtime turns into real etcd processes.
+//! Issue: the EtcdCluster controller (create, scale, heal, report, delete).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use etcdfleet_api::conditions::{self, REMOTE_REACHABLE};
+use etcdfleet_api::{ClusterRef, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTuning};
+use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig as EtcdClientConfig, TlsMaterial};
+use etcdfleet_controllers::etcdcluster::Outcome;
+use etcdfleet_controllers::etcdcluster::observe::read_pki;
+use etcdfleet_controllers::etcdcluster::plan::{RemovalCause, Step};
+use etcdfleet_controllers::render::Names;
+use etcdfleet_tests::driver::{TestController, converge, fast_settings, no_hook};
+use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
+use etcdfleet_tests::fleet::{Fleet, KubeconfigFault};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+
+const NS: &str = "team-a";
+const WORKLOAD_NS: &str = "etcd-system";
+
+fn cluster(name: &str, workload: &str, replicas: i32, version: &str) -> EtcdCluster {
+    let mut c = EtcdCluster::new(
+        name,
+        EtcdClusterSpec {
+            cluster_ref: Some(ClusterRef {
+                name: workload.to_string(),
+            }),
+            config: EtcdConfig {
+                version: Some(version.to_string()),
+                replicas: Some(replicas),
+                etcd: Some(EtcdTuning {
+                    heartbeat_interval_millis: Some(50),
+                    election_timeout_millis: Some(500),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    c.metadata.namespace = Some(NS.to_string());
+    c
+}
+
+async fn create(fleet: &Fleet, cluster: &EtcdCluster) -> Result<()> {
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    api.create(&PostParams::default(), cluster).await?;
+    Ok(())
+}
+
+async fn set_replicas(fleet: &Fleet, name: &str, replicas: i32) -> Result<()> {
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    let patch = serde_json::json!({ "spec": { "replicas": replicas } });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn get(fleet: &Fleet, name: &str) -> Result<EtcdCluster> {
+    Ok(
+        Api::<EtcdCluster>::namespaced(fleet.management_direct(), NS)
+            .get(name)
+            .await?,
+    )
+}
+
+/// An etcd client for a cluster, the way the controller reaches it.
+async fn etcd_of(
+    fleet: &Fleet,
+    workload: &str,
+    name: &str,
+    members: u32,
+) -> Result<(Vec<String>, EtcdClientConfig)> {
+    let names = Names::new(name, WORKLOAD_NS);
+    let management = fleet.management_direct();
+    let api: Api<EtcdCluster> = Api::namespaced(management.clone(), NS);
+    let cluster = api.get(name).await?;
+    let ctx = controller(fleet);
+    let pki = read_pki(&cluster, &ctx.ctx, &names)
+        .await?
+        .context("no PKI secret")?;
+    let runtime = fleet.runtime(workload);
+    let endpoints = (0..members)
+        .map(|o| {
+            let ip = runtime
+                .resolve(&names.member_host(o))
+                .expect("pod has an IP");
+            format!("https://{ip}:2379")
+        })
+        .collect();
+    let config = EtcdClientConfig {
+        tls: Some(TlsMaterial {
+            ca_pem: pki.ca.cert_pem().to_string(),
+            client_cert_pem: Some(pki.client_cert_pem.clone()),
+            client_key_pem: Some(pki.client_key_pem.clone()),
+            server_name: Some(names.client_service_host()),
+        }),
+        deadlines: fast_settings().etcd_deadlines,
+    };
+    Ok((endpoints, config))
+}
+
+async fn put(fleet: &Fleet, workload: &str, name: &str, members: u32, key: &str) -> Result<()> {
+    let (endpoints, config) = etcd_of(fleet, workload, name, members).await?;
+    let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
+    tokio::time::timeout(Duration::from_secs(5), kv.put(key, "v", None)).await??;
+    Ok(())
+}
+
+/// Reads `key` from every member on its own (serializable read through that member).
+async fn read_everywhere(
+    fleet: &Fleet,
+    workload: &str,
+    name: &str,
+    members: u32,
+    key: &str,
+) -> Result<()> {
+    let (endpoints, config) = etcd_of(fleet, workload, name, members).await?;
+    for ep in endpoints {
+        let mut kv = ClusterClient::connect(std::slice::from_ref(&ep), &config)
+            .await?
+            .kv();
+        let resp = tokio::time::timeout(
+            Duration::from_secs(5),
+            kv.get(
+                key,
+                Some(etcd_client::GetOptions::new().with_serializable()),
+            ),
+        )
+        .await??;
+        ensure!(resp.kvs().len() == 1, "{key} missing on {ep}");
+    }
+    Ok(())
+}
+
+fn controller(fleet: &Fleet) -> TestController {
+    TestController::new(
+        fleet.management(),
+        fleet.client_factory(),
+        fleet.dialer(),
+        fast_settings(),
+    )
+}
+
+async fn converge_all(
+    fleet: &Fleet,
+    ctl: &mut TestController,
+    clusters: &[(&str, &str)],
+) -> Result<etcdfleet_tests::driver::ConvergeLog> {
+    converge(
+        ctl,
+        clusters,
+        Duration::from_secs(120),
+        || fleet.sync_all(),
+        no_hook,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workload_clusters_are_created_scaled_and_keep_their_data() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a", "b", "c"]).await?;
+    let mut ctl = controller(&fleet);
+    for w in ["a", "b", "c"] {
+        create(&fleet, &cluster(&format!("etcd-{w}"), w, 3, "3.5.1")).await?;
+    }
+    let all = [(NS, "etcd-a"), (NS, "etcd-b"), (NS, "etcd-c")];
+    let log = converge_all(&fleet, &mut ctl, &all).await?;
+    for (w, name) in [("a", "etcd-a"), ("b", "etcd-b"), ("c", "etcd-c")] {
+        let c = get(&fleet, name).await?;
+        let status = c.status.as_ref().context("status")?;
+        assert_eq!(status.ready_members, 3, "{name}: {status:#?}");
+        assert_eq!(status.current_version.as_deref(), Some("3.5.1"));
+        assert!(conditions::is_true(
+            &status.conditions,
+            conditions::AVAILABLE
+        ));
+        assert!(conditions::is_true(&status.conditions, REMOTE_REACHABLE));
+        assert_eq!(status.observed_generation, c.metadata.generation);
+        assert_eq!(status.members.iter().filter(|m| m.leader).count(), 1);
+        // learners first: every added member went AddLearner → promote
+        let steps = log.steps_of(&format!("{NS}/{name}"));
+        assert_eq!(
+            steps
+                .iter()
+                .filter(|s| matches!(s, Step::AddLearner { .. }))
+                .count(),
+            2
+        );
+        assert_eq!(
+            steps
+                .iter()
+                .filter(|s| matches!(s, Step::PromoteLearner { .. }))
+                .count(),
+            2
+        );
+        put(&fleet, w, name, 3, "before-scale").await?;
+    }
+
+    // 3 → 5 on one cluster; the others stay untouched.
+    set_replicas(&fleet, "etcd-a", 5).await?;
+    let log = converge_all(&fleet, &mut ctl, &all).await?;
+    assert!(log.steps_of(&format!("{NS}/etcd-b")).is_empty());
+    assert!(log.steps_of(&format!("{NS}/etcd-c")).is_empty());
+    read_everywhere(&fleet, "a", "etcd-a", 5, "before-scale").await?;
+    put(&fleet, "a", "etcd-a", 5, "before-scale-down").await?;
+    assert_eq!(
+        get(&fleet, "etcd-a").await?.status.unwrap().ready_members,
+        5
+    );
+
+    // 5 → 3: leader moved away if needed, members removed, StatefulSet shrunk, PVCs deleted.
+    set_replicas(&fleet, "etcd-a", 3).await?;
+    let log = converge_all(&fleet, &mut ctl, &all).await?;
+    let steps = log.steps_of(&format!("{NS}/etcd-a"));
+    let removed: Vec<_> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::RemoveMember {
+                ordinal,
+                cause: RemovalCause::ScaleDown,
+                ..
+            } => *ordinal,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(removed, vec![4, 3], "highest first: {steps:?}");
+    read_everywhere(&fleet, "a", "etcd-a", 3, "before-scale").await?;
+    read_everywhere(&fleet, "a", "etcd-a", 3, "before-scale-down").await?;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let left: BTreeSet<String> = pvcs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap())
+        .collect();
+    assert_eq!(
+        left,
+        BTreeSet::from([
+            "data-etcd-a-etcd-0".into(),
+            "data-etcd-a-etcd-1".into(),
+            "data-etcd-a-etcd-2".into()
+        ])
+    );
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    assert_eq!((status.replicas, status.ready_members), (3, 3));
+
+    // Never lists or watches Secrets, anywhere, during all of it.
+    assert!(
+        fleet.secret_lists_or_watches().is_empty(),
+        "{:?}",
+        fleet.secret_lists_or_watches()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_converged_cluster_costs_no_write_and_few_reads() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = controller(&fleet);
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    fleet.sync_all().await?;
+    fleet.clear_ops();
+    let outcome = ctl.reconcile(NS, "etcd-a").await?;
+    assert_eq!(outcome, Outcome::Converged, "{}", fleet.ops_report());
+    let ops = fleet.ops();
+    let writes = fleet.writes();
+    assert!(
+        writes.is_empty(),
+        "a converged reconcile wrote: {writes:#?}"
+    );
+    // Stated read budget: the EtcdCluster, its kubeconfig and PKI Secrets (3
+    // management reads); namespace, 2 Services, 2 TLS Secrets, PDB, ConfigMap,
+    // StatefulSet, pod list, PVC list (10 workload reads).
+    let management_reads = ops.iter().filter(|o| o.cluster == "management").count();
+    let workload_reads = ops.iter().filter(|o| o.cluster == "a").count();
+    eprintln!(
+        "converged reconcile: {management_reads} management reads, {workload_reads} workload reads"
+    );
+    assert!(management_reads <= 3, "{ops:#?}");
+    assert!(workload_reads <= 10, "{ops:#?}");
+    assert!(fleet.secret_lists_or_watches().is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wiped_member_is_replaced_without_losing_an_acknowledged_write() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = controller(&fleet);
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let before = get(&fleet, "etcd-a").await?.status.unwrap();
+    let old_id = before
+        .members
+        .iter()
+        .find(|m| m.name == "etcd-a-etcd-1")
+        .and_then(|m| m.id.clone());
+    fleet
+        .runtime("a")
+        .wipe_pvc(WORKLOAD_NS, "data-etcd-a-etcd-1")
+        .await?;
+
+    // Converge, checking after every step that a quorum stayed healthy.
+    let mut min_ready = 3;
+    let log = converge(
+        &mut ctl,
+        &[(NS, "etcd-a")],
+        Duration::from_secs(120),
+        || fleet.sync_all(),
+        |_, _, _| Ok(()),
+    )
+    .await?;
+    for (_, step) in &log.steps {
+        if let Step::RemoveMember { cause, .. } = step {
+            assert_eq!(
+                *cause,
+                RemovalCause::Failed,
+                "only the failed member is removed"
+            );
+        }
+    }
+    let after = get(&fleet, "etcd-a").await?.status.unwrap();
+    min_ready = min_ready.min(after.ready_members);
+    let report = writer.stop().await?;
+    let checked = verify_acknowledged(&report, &endpoints, &config, "acked").await?;
+    eprintln!(
+        "acknowledged writes verified: {checked}, failed writes: {}, steps: {:?}",
+        report.failed, log.steps
+    );
+    assert!(checked > 0);
+    assert_eq!(after.ready_members, 3, "{after:#?}");
+    assert!(min_ready >= 2);
+    let new_id = after
+        .members
+        .iter()
+        .find(|m| m.name == "etcd-a-etcd-1")
+        .and_then(|m| m.id.clone());
+    let replaced = log.steps.iter().any(|(_, s)| {
+        matches!(
+            s,
+            Step::RemoveMember {
+                cause: RemovalCause::Failed,
+                ..
+            }
+        )
+    });
+    if replaced {
+        assert_ne!(old_id, new_id, "a replaced member has a new id");
+    } else {
+        eprintln!(
+            "note: the wiped member was restored by etcd itself (leader sent a snapshot); no replacement needed"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_workload_cluster_is_reported_while_the_others_converge() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a", "b", "c"]).await?;
+    let mut ctl = controller(&fleet);
+    for w in ["a", "b", "c"] {
+        create(&fleet, &cluster(&format!("etcd-{w}"), w, 1, "3.5.1")).await?;
+    }
+    let all = [(NS, "etcd-a"), (NS, "etcd-b"), (NS, "etcd-c")];
+    converge_all(&fleet, &mut ctl, &all).await?;
+
+    // b's API fails; a and c are scaled and converge; b is left alone.
+    fleet.set_unreachable("b", true);
+    for name in ["etcd-a", "etcd-b", "etcd-c"] {
+        set_replicas(&fleet, name, 3).await?;
+    }
+    fleet.clear_ops();
+    let log = converge_all(&fleet, &mut ctl, &all).await?;
+    assert!(log.steps_of(&format!("{NS}/etcd-b")).is_empty());
+    assert!(!log.steps_of(&format!("{NS}/etcd-a")).is_empty());
+    assert!(matches!(
+        etcdfleet_tests::driver::outcome_of(&log, &format!("{NS}/etcd-b"))?,
+        Outcome::Blocked(_)
+    ));
+    let b = get(&fleet, "etcd-b").await?.status.unwrap();
+    let reachable = conditions::find(&b.conditions, REMOTE_REACHABLE).unwrap();
+    assert_eq!(reachable.status, "False");
+    assert_eq!(reachable.reason, "WorkloadAPIUnreachable", "{reachable:?}");
+    assert!(
+        reachable.message.contains("b.workload.test"),
+        "{reachable:?}"
+    );
+    assert!(
+        fleet.writes().iter().all(|o| o.cluster != "b"),
+        "no write reached b: {:?}",
+        fleet.writes()
+    );
+    for name in ["etcd-a", "etcd-c"] {
+        assert_eq!(get(&fleet, name).await?.status.unwrap().ready_members, 3);
+    }
+    fleet.set_unreachable("b", false);
+    converge_all(&fleet, &mut ctl, &all).await?;
+    assert_eq!(
+        get(&fleet, "etcd-b").await?.status.unwrap().ready_members,
+        3
+    );
+
+    // Broken kubeconfigs: each a specific reason, no action.
+    for (broken, reason) in [
+        (KubeconfigFault::Garbage, "KubeconfigInvalid"),
+        (KubeconfigFault::ExecPlugin, "KubeconfigNotAllowed"),
+        (KubeconfigFault::Missing, "KubeconfigSecretNotFound"),
+    ] {
+        fleet.break_kubeconfig("b", broken).await?;
+        set_replicas(&fleet, "etcd-b", 1).await?;
+        fleet.clear_ops();
+        let outcome = ctl.reconcile(NS, "etcd-b").await?;
+        assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+        let status = get(&fleet, "etcd-b").await?.status.unwrap();
+        let c = conditions::find(&status.conditions, REMOTE_REACHABLE).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reason),
+            "{c:?}"
+        );
+        assert!(
+            !c.message.contains("token"),
+            "no secret content in messages: {c:?}"
+        );
+        assert!(
+            fleet.ops().iter().all(|o| o.cluster != "b"),
+            "nothing sent to b"
+        );
+        assert_eq!(status.ready_members, 3, "still 3 members: nothing removed");
+    }
+    assert!(fleet.secret_lists_or_watches().is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scaling_while_a_member_is_down_waits_and_says_why() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut settings = fast_settings();
+    settings.member_failure_grace = Duration::from_secs(3600);
+    let mut ctl = TestController::new(
+        fleet.management(),
+        fleet.client_factory(),
+        fleet.dialer(),
+        settings,
+    );
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    // Member 2 loses its data: it crash-loops (etcd refuses a truncated log).
+    fleet
+        .runtime("a")
+        .wipe_pvc(WORKLOAD_NS, "data-etcd-a-etcd-2")
+        .await?;
+    set_replicas(&fleet, "etcd-a", 5).await?;
+    let mut waited = None;
+    for _ in 0..40 {
+        fleet.sync_all().await?;
+        match ctl.reconcile(NS, "etcd-a").await? {
+            Outcome::Waiting(why) if why.contains("waits until every member is healthy") => {
+                waited = Some(why);
+                break;
+            }
+            Outcome::Acted(step) => panic!("no step while a member is down, got {step:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+    let why = waited.context("the controller never said it waits")?;
+    assert!(why.contains("etcd-a-etcd-2"), "{why}");
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    let progressing = conditions::find(&status.conditions, conditions::PROGRESSING).unwrap();
+    assert!(
+        progressing.message.contains("etcd-a-etcd-2"),
+        "{progressing:?}"
+    );
+    assert_eq!(status.replicas, 3, "no member added");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleting_a_cluster_removes_workload_objects_but_keeps_the_pvcs() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = controller(&fleet);
+    create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    let c = get(&fleet, "etcd-a").await?;
+    assert!(
+        c.metadata
+            .finalizers
+            .as_ref()
+            .unwrap()
+            .contains(&"etcdfleet.dev/cleanup".to_string())
+    );
+    // kube-fake-client deletes at once (no deletionTimestamp): hand the
+    // reconciler the object as the API server would show it during deletion.
+    let mut deleting = c.clone();
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    let outcome =
+        etcdfleet_controllers::etcdcluster::reconcile_cluster(&deleting, &ctl.ctx).await?;
+    assert_eq!(outcome, Outcome::Deleted);
+    let w = fleet.workload_client("a");
+    assert!(
+        Api::<StatefulSet>::namespaced(w.clone(), WORKLOAD_NS)
+            .get_opt("etcd-a-etcd")
+            .await?
+            .is_none()
+    );
+    assert!(
+        Api::<Service>::namespaced(w.clone(), WORKLOAD_NS)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+    );
+    assert!(
+        Api::<ConfigMap>::namespaced(w.clone(), WORKLOAD_NS)
+            .get_opt("etcd-a-etcd-members")
+            .await?
+            .is_none()
+    );
+    assert!(
+        Api::<Secret>::namespaced(w.clone(), WORKLOAD_NS)
+            .get_opt("etcd-a-etcd-server-tls")
+            .await?
+            .is_none()
+    );
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(w, WORKLOAD_NS)
+        .list(&ListParams::default())
+        .await?;
+    assert_eq!(pvcs.items.len(), 1, "the PVC outlives the cluster");
+    let c = get(&fleet, "etcd-a").await?;
+    assert!(
+        c.metadata.finalizers.unwrap_or_default().is_empty(),
+        "finalizer released"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deletion_completes_when_the_workload_cluster_is_gone() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = controller(&fleet);
+    create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    let mut deleting = get(&fleet, "etcd-a").await?;
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    // Unreachable: waits, bounded by the deletion timeout (5 s in tests).
+    fleet.set_unreachable("a", true);
+    let outcome =
+        etcdfleet_controllers::etcdcluster::reconcile_cluster(&deleting, &ctl.ctx).await?;
+    assert!(
+        matches!(outcome, Outcome::Waiting(ref w) if w.contains("gives up after")),
+        "{outcome:?}"
+    );
+    tokio::time::sleep(fast_settings().deletion_timeout).await;
+    let outcome =
+        etcdfleet_controllers::etcdcluster::reconcile_cluster(&deleting, &ctl.ctx).await?;
+    assert_eq!(outcome, Outcome::Deleted);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_cluster_reports_the_next_step_and_writes_nothing_else() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = controller(&fleet);
+    create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    api.patch(
+        "etcd-a",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "spec": { "paused": true, "replicas": 3 } })),
+    )
+    .await?;
+    fleet.clear_ops();
+    let outcome = ctl.reconcile(NS, "etcd-a").await?;
+    assert!(
+        matches!(outcome, Outcome::Paused(Some(ref s)) if s.contains("add member 1")),
+        "{outcome:?}"
+    );
+    assert!(
+        fleet
+            .writes()
+            .iter()
+            .all(|o| o.cluster == "management" && o.verb.contains("status")),
+        "{:?}",
+        fleet.writes()
+    );
+    Ok(())
+}
