@@ -41,17 +41,25 @@ impl KubeconfigLocation {
                 key: r.key.clone().unwrap_or_else(|| "value".into()),
             });
         }
-        cluster.spec.cluster_ref.as_ref().map(|r| KubeconfigLocation {
-            namespace,
-            secret_name: format!("{}-kubeconfig", r.name),
-            key: "value".into(),
-        })
+        cluster
+            .spec
+            .cluster_ref
+            .as_ref()
+            .map(|r| KubeconfigLocation {
+                namespace,
+                secret_name: format!("{}-kubeconfig", r.name),
+                key: "value".into(),
+            })
     }
 }
 
 impl std::fmt::Display for KubeconfigLocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Secret {}/{} key {:?}", self.namespace, self.secret_name, self.key)
+        write!(
+            f,
+            "Secret {}/{} key {:?}",
+            self.namespace, self.secret_name, self.key
+        )
     }
 }
 
@@ -149,10 +157,12 @@ impl WorkloadClientFactory for KubeconfigClientFactory {
         _server: &'a str,
     ) -> BoxFuture<'a, Result<Client, String>> {
         Box::pin(async move {
-            let mut config =
-                kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let mut config = kube::Config::from_custom_kubeconfig(
+                kubeconfig.clone(),
+                &KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
             config.connect_timeout = Some(self.connect_timeout);
             config.read_timeout = Some(self.read_timeout);
             Client::try_from(config).map_err(|e| e.to_string())
@@ -234,7 +244,9 @@ pub fn check_kubeconfig(
             ));
         }
         if auth.token_file.is_some() {
-            return Err(not_allowed("user.tokenFile refers to a local file; use token"));
+            return Err(not_allowed(
+                "user.tokenFile refers to a local file; use token",
+            ));
         }
         if auth.client_certificate.is_some() || auth.client_key.is_some() {
             return Err(not_allowed(

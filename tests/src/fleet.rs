@@ -235,12 +235,14 @@ fn recorded_client(
     outage: Arc<AtomicBool>,
 ) -> Client {
     let cluster = cluster.to_string();
+    let namespaces = crate::namespaces::NamespaceStore::default();
     let service = tower::service_fn(move |request: http::Request<Body>| {
-        let (inner, recorder, cluster, outage) = (
+        let (inner, recorder, cluster, outage, namespaces) = (
             inner.clone(),
             recorder.clone(),
             cluster.clone(),
             outage.clone(),
+            namespaces.clone(),
         );
         async move {
             let (parts, body) = request.into_parts();
@@ -249,6 +251,9 @@ fn recorded_client(
             recorder.push(ApiOp::from_request(&cluster, &parts, &bytes, rejected));
             if rejected {
                 return Ok(service_unavailable(&cluster));
+            }
+            if let Some(response) = namespaces.handle(&parts, &bytes) {
+                return Ok(response);
             }
             inner
                 .send(http::Request::from_parts(parts, Body::from(bytes.to_vec())))

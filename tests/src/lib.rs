@@ -1,3 +1,5 @@
+pub mod driver;
 pub mod etcd_harness;
 pub mod fleet;
+pub mod namespaces;
 pub mod runtime;
