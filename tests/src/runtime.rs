@@ -962,6 +962,7 @@ impl Inner {
             if dir.exists() {
                 fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
             }
+            let _ = fs::remove_file(dir.with_extension("uid"));
             state.pvc_dirs.remove(&key);
         }
         Ok(())
@@ -1425,19 +1426,30 @@ impl Inner {
                 .ok_or_else(|| mount_error(format!("volume {:?} is not defined", mount.name)))?;
             let local = pod_dir.join("volumes").join(&volume.name);
             let source = if let Some(pvc) = &volume.persistent_volume_claim {
-                let exists = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns)
+                let claim = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns)
                     .get_opt(&pvc.claim_name)
                     .await
                     .map_err(|e| mount_error(e.to_string()))?
-                    .is_some();
-                if !exists {
-                    return Err(mount_error(format!(
-                        "persistentvolumeclaim {:?} not found",
-                        pvc.claim_name
-                    )));
-                }
+                    .ok_or_else(|| {
+                        mount_error(format!(
+                            "persistentvolumeclaim {:?} not found",
+                            pvc.claim_name
+                        ))
+                    })?;
                 claims.push((ns.clone(), pvc.claim_name.clone()));
-                self.pvc_dir(&ns, &pvc.claim_name)
+                let dir = self.pvc_dir(&ns, &pvc.claim_name);
+                // A PVC recreated under the same name is a new volume (a new PV
+                // in a real cluster): the old one's data must not show through.
+                let uid = claim.metadata.uid.clone().unwrap_or_default();
+                let marker = dir.with_extension("uid");
+                if fs::read_to_string(&marker).ok().as_deref() != Some(uid.as_str()) {
+                    if dir.exists() {
+                        fs::remove_dir_all(&dir).map_err(io)?;
+                    }
+                    fs::create_dir_all(dir.parent().unwrap_or(&dir)).map_err(io)?;
+                    fs::write(&marker, &uid).map_err(io)?;
+                }
+                dir
             } else if let Some(cm) = &volume.config_map {
                 let data = match self.config_map(&ns, &cm.name).await {
                     Ok(Some(cm)) => {
