@@ -246,6 +246,12 @@ fn same_urls(a: &[String], b: &[String]) -> bool {
     a == b
 }
 
+fn note_timeout(e: &EtcdError, timed_out: &AtomicBool) {
+    if matches!(e, EtcdError::Timeout { .. }) {
+        timed_out.store(true, Ordering::Relaxed);
+    }
+}
+
 /// A client for the whole cluster, balanced over all given client URLs:
 /// membership changes, alarms, and the operations that must find the leader.
 #[derive(Clone)]
@@ -367,9 +373,12 @@ impl ClusterClient {
 
     /// Promotes learner `member_id` to voter, retrying while etcd answers that
     /// it is not yet in sync with the leader, up to the promote deadline.
-    /// Returns the member list after the promotion.
+    /// Timeouts are retried too (see [`remove_member`](Self::remove_member));
+    /// "not a learner" after a timed-out attempt means that attempt promoted
+    /// it. Returns the member list after the promotion.
     pub async fn promote_learner(&self, member_id: u64) -> Result<Vec<Member>> {
-        retry_until(
+        let timed_out = AtomicBool::new(false);
+        let result = retry_until(
             self.config.deadlines.promote,
             |e| {
                 matches!(
@@ -378,6 +387,7 @@ impl ClusterClient {
                         | EtcdError::UnhealthyCluster(_)
                         | EtcdError::NoLeader(_)
                         | EtcdError::Unreachable(_)
+                        | EtcdError::Timeout { .. }
                 )
             },
             || async {
@@ -388,11 +398,18 @@ impl ClusterClient {
                     Some(member_id),
                     c.member_promote(member_id),
                 )
-                .await?;
+                .await
+                .inspect_err(|e| note_timeout(e, &timed_out))?;
                 Ok(resp.members().iter().map(Member::from).collect())
             },
         )
-        .await
+        .await;
+        match result {
+            Err(EtcdError::NotALearner { .. }) if timed_out.load(Ordering::Relaxed) => {
+                self.list_members().await
+            }
+            other => other,
+        }
     }
 
     /// Removes `member_id`. Retries etcd's transient refusals (a member that
@@ -424,11 +441,7 @@ impl ClusterClient {
                     c.member_remove(member_id),
                 )
                 .await
-                .inspect_err(|e| {
-                    if matches!(e, EtcdError::Timeout { .. }) {
-                        timed_out.store(true, Ordering::Relaxed);
-                    }
-                })?;
+                .inspect_err(|e| note_timeout(e, &timed_out))?;
                 Ok(resp.members().iter().map(Member::from).collect())
             },
         )
