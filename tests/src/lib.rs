@@ -3,3 +3,4 @@ pub mod etcd_harness;
 pub mod fleet;
 pub mod namespaces;
 pub mod runtime;
+pub mod scenario;

@@ -7,161 +7,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result};
+use etcdfleet_api::EtcdCluster;
 use etcdfleet_api::conditions::{self, REMOTE_REACHABLE};
-use etcdfleet_api::{ClusterRef, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTuning};
-use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig as EtcdClientConfig, TlsMaterial};
 use etcdfleet_controllers::etcdcluster::Outcome;
-use etcdfleet_controllers::etcdcluster::observe::read_pki;
 use etcdfleet_controllers::etcdcluster::plan::{RemovalCause, Step};
-use etcdfleet_controllers::render::Names;
 use etcdfleet_tests::driver::{TestController, converge, fast_settings, no_hook};
 use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
 use etcdfleet_tests::fleet::{Fleet, KubeconfigFault};
+use etcdfleet_tests::scenario::{
+    NS, WORKLOAD_NS, cluster, controller, converge_all, create, etcd_of, get, put, read_everywhere,
+    set_replicas,
+};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 
-const NS: &str = "team-a";
-const WORKLOAD_NS: &str = "etcd-system";
-
-fn cluster(name: &str, workload: &str, replicas: i32, version: &str) -> EtcdCluster {
-    let mut c = EtcdCluster::new(
-        name,
-        EtcdClusterSpec {
-            cluster_ref: Some(ClusterRef {
-                name: workload.to_string(),
-            }),
-            config: EtcdConfig {
-                version: Some(version.to_string()),
-                replicas: Some(replicas),
-                etcd: Some(EtcdTuning {
-                    heartbeat_interval_millis: Some(50),
-                    election_timeout_millis: Some(500),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    );
-    c.metadata.namespace = Some(NS.to_string());
-    c
-}
-
-async fn create(fleet: &Fleet, cluster: &EtcdCluster) -> Result<()> {
-    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
-    api.create(&PostParams::default(), cluster).await?;
-    Ok(())
-}
-
-async fn set_replicas(fleet: &Fleet, name: &str, replicas: i32) -> Result<()> {
-    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
-    let patch = serde_json::json!({ "spec": { "replicas": replicas } });
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
-
-async fn get(fleet: &Fleet, name: &str) -> Result<EtcdCluster> {
-    Ok(
-        Api::<EtcdCluster>::namespaced(fleet.management_direct(), NS)
-            .get(name)
-            .await?,
-    )
-}
-
-/// An etcd client for a cluster, the way the controller reaches it.
-async fn etcd_of(
-    fleet: &Fleet,
-    workload: &str,
-    name: &str,
-    members: u32,
-) -> Result<(Vec<String>, EtcdClientConfig)> {
-    let names = Names::new(name, WORKLOAD_NS);
-    let management = fleet.management_direct();
-    let api: Api<EtcdCluster> = Api::namespaced(management.clone(), NS);
-    let cluster = api.get(name).await?;
-    let ctx = controller(fleet);
-    let pki = read_pki(&cluster, &ctx.ctx, &names)
-        .await?
-        .context("no PKI secret")?;
-    let runtime = fleet.runtime(workload);
-    let endpoints = (0..members)
-        .map(|o| {
-            let ip = runtime
-                .resolve(&names.member_host(o))
-                .expect("pod has an IP");
-            format!("https://{ip}:2379")
-        })
-        .collect();
-    let config = EtcdClientConfig {
-        tls: Some(TlsMaterial {
-            ca_pem: pki.ca.cert_pem().to_string(),
-            client_cert_pem: Some(pki.client_cert_pem.clone()),
-            client_key_pem: Some(pki.client_key_pem.clone()),
-            server_name: Some(names.client_service_host()),
-        }),
-        deadlines: fast_settings().etcd_deadlines,
-    };
-    Ok((endpoints, config))
-}
-
-async fn put(fleet: &Fleet, workload: &str, name: &str, members: u32, key: &str) -> Result<()> {
-    let (endpoints, config) = etcd_of(fleet, workload, name, members).await?;
-    let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
-    tokio::time::timeout(Duration::from_secs(5), kv.put(key, "v", None)).await??;
-    Ok(())
-}
-
-/// Reads `key` from every member on its own (serializable read through that member).
-async fn read_everywhere(
-    fleet: &Fleet,
-    workload: &str,
-    name: &str,
-    members: u32,
-    key: &str,
-) -> Result<()> {
-    let (endpoints, config) = etcd_of(fleet, workload, name, members).await?;
-    for ep in endpoints {
-        let mut kv = ClusterClient::connect(std::slice::from_ref(&ep), &config)
-            .await?
-            .kv();
-        let resp = tokio::time::timeout(
-            Duration::from_secs(5),
-            kv.get(
-                key,
-                Some(etcd_client::GetOptions::new().with_serializable()),
-            ),
-        )
-        .await??;
-        ensure!(resp.kvs().len() == 1, "{key} missing on {ep}");
-    }
-    Ok(())
-}
-
-fn controller(fleet: &Fleet) -> TestController {
-    TestController::new(
-        fleet.management(),
-        fleet.client_factory(),
-        fleet.dialer(),
-        fast_settings(),
-    )
-}
-
-async fn converge_all(
-    fleet: &Fleet,
-    ctl: &mut TestController,
-    clusters: &[(&str, &str)],
-) -> Result<etcdfleet_tests::driver::ConvergeLog> {
-    converge(
-        ctl,
-        clusters,
-        Duration::from_secs(120),
-        || fleet.sync_all(),
-        no_hook,
-    )
-    .await
+/// Cluster names of (namespace, name) pairs.
+fn names<'a>(keys: &[(&str, &'a str)]) -> Vec<&'a str> {
+    keys.iter().map(|(_, n)| *n).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -175,7 +39,7 @@ async fn three_workload_clusters_are_created_scaled_and_keep_their_data() -> Res
         create(&fleet, &cluster(&format!("etcd-{w}"), w, 3, "3.5.1")).await?;
     }
     let all = [(NS, "etcd-a"), (NS, "etcd-b"), (NS, "etcd-c")];
-    let log = converge_all(&fleet, &mut ctl, &all).await?;
+    let log = converge_all(&fleet, &mut ctl, &names(&all)).await?;
     for (w, name) in [("a", "etcd-a"), ("b", "etcd-b"), ("c", "etcd-c")] {
         let c = get(&fleet, name).await?;
         let status = c.status.as_ref().context("status")?;
@@ -209,7 +73,7 @@ async fn three_workload_clusters_are_created_scaled_and_keep_their_data() -> Res
 
     // 3 → 5 on one cluster; the others stay untouched.
     set_replicas(&fleet, "etcd-a", 5).await?;
-    let log = converge_all(&fleet, &mut ctl, &all).await?;
+    let log = converge_all(&fleet, &mut ctl, &names(&all)).await?;
     assert!(log.steps_of(&format!("{NS}/etcd-b")).is_empty());
     assert!(log.steps_of(&format!("{NS}/etcd-c")).is_empty());
     read_everywhere(&fleet, "a", "etcd-a", 5, "before-scale").await?;
@@ -221,7 +85,7 @@ async fn three_workload_clusters_are_created_scaled_and_keep_their_data() -> Res
 
     // 5 → 3: leader moved away if needed, members removed, StatefulSet shrunk, PVCs deleted.
     set_replicas(&fleet, "etcd-a", 3).await?;
-    let log = converge_all(&fleet, &mut ctl, &all).await?;
+    let log = converge_all(&fleet, &mut ctl, &names(&all)).await?;
     let steps = log.steps_of(&format!("{NS}/etcd-a"));
     let removed: Vec<_> = steps
         .iter()
@@ -273,7 +137,7 @@ async fn a_converged_cluster_costs_no_write_and_few_reads() -> Result<()> {
     let fleet = Fleet::new(&["a"]).await?;
     let mut ctl = controller(&fleet);
     create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
     fleet.sync_all().await?;
     fleet.clear_ops();
     let outcome = ctl.reconcile(NS, "etcd-a").await?;
@@ -306,7 +170,7 @@ async fn a_wiped_member_is_replaced_without_losing_an_acknowledged_write() -> Re
     let fleet = Fleet::new(&["a"]).await?;
     let mut ctl = controller(&fleet);
     create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
     let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
     let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -406,7 +270,7 @@ async fn an_unreachable_workload_cluster_is_reported_while_the_others_converge()
         create(&fleet, &cluster(&format!("etcd-{w}"), w, 1, "3.5.1")).await?;
     }
     let all = [(NS, "etcd-a"), (NS, "etcd-b"), (NS, "etcd-c")];
-    converge_all(&fleet, &mut ctl, &all).await?;
+    converge_all(&fleet, &mut ctl, &names(&all)).await?;
 
     // b's API fails; a and c are scaled and converge; b is left alone.
     fleet.set_unreachable("b", true);
@@ -414,7 +278,7 @@ async fn an_unreachable_workload_cluster_is_reported_while_the_others_converge()
         set_replicas(&fleet, name, 3).await?;
     }
     fleet.clear_ops();
-    let log = converge_all(&fleet, &mut ctl, &all).await?;
+    let log = converge_all(&fleet, &mut ctl, &names(&all)).await?;
     assert!(log.steps_of(&format!("{NS}/etcd-b")).is_empty());
     assert!(!log.steps_of(&format!("{NS}/etcd-a")).is_empty());
     assert!(matches!(
@@ -438,7 +302,7 @@ async fn an_unreachable_workload_cluster_is_reported_while_the_others_converge()
         assert_eq!(get(&fleet, name).await?.status.unwrap().ready_members, 3);
     }
     fleet.set_unreachable("b", false);
-    converge_all(&fleet, &mut ctl, &all).await?;
+    converge_all(&fleet, &mut ctl, &names(&all)).await?;
     assert_eq!(
         get(&fleet, "etcd-b").await?.status.unwrap().ready_members,
         3
@@ -491,7 +355,7 @@ async fn scaling_while_a_member_is_down_waits_and_says_why() -> Result<()> {
         settings,
     );
     create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
     // Member 2 loses its data: it crash-loops (etcd refuses a truncated log).
     fleet
         .runtime("a")
@@ -530,7 +394,7 @@ async fn deleting_a_cluster_removes_workload_objects_but_keeps_the_pvcs() -> Res
     let fleet = Fleet::new(&["a"]).await?;
     let mut ctl = controller(&fleet);
     create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
     let c = get(&fleet, "etcd-a").await?;
     assert!(
         c.metadata
@@ -594,7 +458,7 @@ async fn deletion_completes_when_the_workload_cluster_is_gone() -> Result<()> {
     let fleet = Fleet::new(&["a"]).await?;
     let mut ctl = controller(&fleet);
     create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
     let mut deleting = get(&fleet, "etcd-a").await?;
     deleting.metadata.deletion_timestamp = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
@@ -622,7 +486,7 @@ async fn a_paused_cluster_reports_the_next_step_and_writes_nothing_else() -> Res
     let fleet = Fleet::new(&["a"]).await?;
     let mut ctl = controller(&fleet);
     create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &[(NS, "etcd-a")]).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
     let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
     api.patch(
         "etcd-a",

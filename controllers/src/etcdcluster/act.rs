@@ -306,7 +306,7 @@ async fn write_object(
             // The Pki step comes first in the same WriteObjects; read it back.
             let pki = match &observed.pki {
                 Some(p) => p.clone(),
-                None => super::observe::read_pki(cluster, ctx, names)
+                None => super::observe::read_pki(&ctx.management, cluster, names)
                     .await?
                     .ok_or_else(|| Error::Invalid("PKI Secret missing".into()))?,
             };

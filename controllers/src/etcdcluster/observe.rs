@@ -78,11 +78,13 @@ fn secret_str(secret: &Secret, key: &str) -> Option<String> {
 }
 
 /// Reads the management-side PKI Secret.
-pub async fn read_pki(cluster: &EtcdCluster, ctx: &Context, names: &Names) -> Result<Option<Pki>> {
-    let api: Api<Secret> = Api::namespaced(
-        ctx.management.clone(),
-        &cluster.namespace().unwrap_or_default(),
-    );
+pub async fn read_pki(
+    management: &kube::Client,
+    cluster: &EtcdCluster,
+    names: &Names,
+) -> Result<Option<Pki>> {
+    let api: Api<Secret> =
+        Api::namespaced(management.clone(), &cluster.namespace().unwrap_or_default());
     let Some(secret) = api
         .get_opt(&names.pki_secret())
         .await
@@ -128,7 +130,7 @@ pub async fn observe(
     let mut stale = Vec::new();
 
     let pki = if inputs.tls {
-        read_pki(cluster, ctx, &names).await?
+        read_pki(&ctx.management, cluster, &names).await?
     } else {
         None
     };
