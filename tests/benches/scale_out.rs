@@ -90,7 +90,19 @@ fn median(samples: &mut [Duration]) -> Duration {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    // `cargo bench` passes `--bench`; nothing else is accepted.
+    // `cargo bench` passes `--bench`. Test runners also start bench targets
+    // (`cargo test --all-targets`, and nextest with `--list`): this target
+    // holds no tests, so it lists none and runs nothing for them.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        return Ok(());
+    }
+    if !args.iter().any(|a| a == "--bench") {
+        eprintln!(
+            "scale_out: benchmark only; run `cargo bench -p etcdfleet-tests --bench scale_out`"
+        );
+        return Ok(());
+    }
     let Some(v35) = require_etcd(EtcdVersion::V3_5) else {
         return Ok(());
     };
