@@ -235,14 +235,12 @@ fn recorded_client(
     outage: Arc<AtomicBool>,
 ) -> Client {
     let cluster = cluster.to_string();
-    let namespaces = crate::namespaces::NamespaceStore::default();
     let service = tower::service_fn(move |request: http::Request<Body>| {
-        let (inner, recorder, cluster, outage, namespaces) = (
+        let (inner, recorder, cluster, outage) = (
             inner.clone(),
             recorder.clone(),
             cluster.clone(),
             outage.clone(),
-            namespaces.clone(),
         );
         async move {
             let (parts, body) = request.into_parts();
@@ -252,12 +250,70 @@ fn recorded_client(
             if rejected {
                 return Ok(service_unavailable(&cluster));
             }
-            if let Some(response) = namespaces.handle(&parts, &bytes) {
-                return Ok(response);
-            }
             inner
                 .send(http::Request::from_parts(parts, Body::from(bytes.to_vec())))
                 .await
+        }
+    });
+    Client::new(service, "default")
+}
+
+/// Cluster-scoped custom resources of the management API, as
+/// `(group, version, plural)`.
+const CLUSTER_SCOPED_CRDS: [(&str, &str, &str); 1] =
+    [("etcdfleet.dev", "v1alpha1", "clusteretcdtemplates")];
+
+/// The namespace the fake API keeps cluster-scoped custom resources in.
+const CLUSTER_SCOPE_NAMESPACE: &str = "fleet-cluster-scope";
+
+/// kube-fake-client registers every custom resource as namespaced, so it
+/// refuses `ClusterEtcdTemplate`s at their cluster-scoped paths. This
+/// wrapper serves them there as an API server would: requests to
+/// `/apis/<group>/<version>/<plural>[/...]` go to a hidden namespace of the
+/// fake API, and `metadata.namespace` is removed from what comes back.
+fn cluster_scoped_crds(inner: Client) -> Client {
+    let service = tower::service_fn(move |request: http::Request<Body>| {
+        let inner = inner.clone();
+        async move {
+            let (mut parts, body) = request.into_parts();
+            let path = parts.uri.path().to_string();
+            let rewritten = CLUSTER_SCOPED_CRDS.iter().find_map(|(g, v, plural)| {
+                let prefix = format!("/apis/{g}/{v}/{plural}");
+                let rest = path.strip_prefix(&prefix)?;
+                (rest.is_empty() || rest.starts_with('/')).then(|| {
+                    format!("/apis/{g}/{v}/namespaces/{CLUSTER_SCOPE_NAMESPACE}/{plural}{rest}")
+                })
+            });
+            let Some(new_path) = rewritten else {
+                return inner.send(http::Request::from_parts(parts, body)).await;
+            };
+            let path_and_query = match parts.uri.query() {
+                Some(q) => format!("{new_path}?{q}"),
+                None => new_path,
+            };
+            parts.uri = path_and_query
+                .parse()
+                .expect("a rewritten path of a valid URI is valid");
+            let response = inner.send(http::Request::from_parts(parts, body)).await?;
+            let (parts, body) = response.into_parts();
+            let bytes = body.collect_bytes().await?;
+            let bytes = match serde_json::from_slice::<Value>(&bytes) {
+                Ok(mut value) => {
+                    let strip = |o: &mut Value| {
+                        if let Some(meta) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                            meta.remove("namespace");
+                        }
+                    };
+                    if let Some(items) = value.get_mut("items").and_then(Value::as_array_mut) {
+                        items.iter_mut().for_each(strip);
+                    } else if value.get("kind").and_then(Value::as_str) != Some("Status") {
+                        strip(&mut value);
+                    }
+                    value.to_string().into_bytes()
+                }
+                Err(_) => bytes.to_vec(),
+            };
+            Ok(http::Response::from_parts(parts, Body::from(bytes)))
         }
     });
     Client::new(service, "default")
@@ -484,7 +540,7 @@ impl Fleet {
     /// A fleet whose kubeconfig Secrets live in `namespace`.
     pub async fn with_namespace(namespace: &str, workload_names: &[&str]) -> Result<Fleet> {
         let recorder = OpRecorder::default();
-        let management_direct = management_api(namespace).await?;
+        let management_direct = cluster_scoped_crds(management_api(namespace).await?);
         let management = recorded_client(
             MANAGEMENT,
             management_direct.clone(),
@@ -500,7 +556,8 @@ impl Fleet {
         };
         for &name in workload_names {
             let server = server_url_for(name);
-            let direct = workload_api().await?;
+            let direct =
+                crate::namespaces::ClusterScopedStore::default().in_front_of(workload_api().await?);
             let outage = Arc::new(AtomicBool::new(false));
             let recorded =
                 recorded_client(name, direct.clone(), fleet.recorder.clone(), outage.clone());

@@ -1,22 +1,58 @@
 //! Namespaces for the fake workload APIs.
 //!
-//! kube-fake-client parses `/api/v1/namespaces/<name>` as the start of a
-//! namespaced path, so it cannot serve Namespace objects at all. A real API
-//! server can, and the controller creates its workload namespace, so the test
-//! world serves `namespaces` itself: a small in-memory store in front of the
-//! fake API answering get, list, create and delete like an API server would
-//! (AlreadyExists, NotFound). Everything else passes through untouched.
+//! kube-fake-client treats every path of the form `/api/v1/namespaces/<x>…`
+//! as namespaced, so it cannot serve Namespace objects at all. A real API
+//! server can, and the controller creates its workload namespace, so the
+//! test world serves them itself: a small in-memory store in front of the
+//! fake API that answers get, list, create, replace and delete like an API
+//! server would (AlreadyExists, NotFound, Conflict on a stale
+//! resourceVersion). Every other request passes through untouched.
+//! (Cluster-scoped custom resources are handled differently, by
+//! `fleet::cluster_scoped_crds`, which keeps them in the fake API itself.)
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 
-/// The in-memory Namespace store of one fake API.
-#[derive(Clone, Default)]
-pub struct NamespaceStore {
-    items: Arc<Mutex<BTreeMap<String, Value>>>,
+/// One cluster-scoped resource served from memory.
+struct Kind {
+    /// Path of the collection, e.g. `/api/v1/namespaces`.
+    collection: &'static str,
+    api_version: &'static str,
+    kind: &'static str,
+    items: BTreeMap<String, Value>,
+}
+
+/// The in-memory store of the cluster-scoped kinds of one fake API.
+#[derive(Clone)]
+pub struct ClusterScopedStore {
+    kinds: Arc<Mutex<Vec<Kind>>>,
+    resource_version: Arc<Mutex<u64>>,
+}
+
+/// Kinds served for every fake API here.
+const SERVED: &[(&str, &str, &str)] = &[("/api/v1/namespaces", "v1", "Namespace")];
+
+impl Default for ClusterScopedStore {
+    fn default() -> Self {
+        ClusterScopedStore {
+            kinds: Arc::new(Mutex::new(
+                SERVED
+                    .iter()
+                    .map(|(collection, api_version, kind)| Kind {
+                        collection,
+                        api_version,
+                        kind,
+                        items: BTreeMap::new(),
+                    })
+                    .collect(),
+            )),
+            resource_version: Arc::new(Mutex::new(1)),
+        }
+    }
 }
 
 fn response(code: u16, body: Value) -> http::Response<Body> {
@@ -37,46 +73,57 @@ fn status(code: u16, reason: &str, message: String) -> http::Response<Body> {
     )
 }
 
-impl NamespaceStore {
-    /// Answers the request if it is about Namespaces; `None` passes it on.
+impl ClusterScopedStore {
+    fn next_version(&self) -> String {
+        let mut rv = self.resource_version.lock().expect("store lock");
+        *rv += 1;
+        rv.to_string()
+    }
+
+    /// Answers the request if it is about a kind served here; `None` passes it on.
     pub fn handle(
         &self,
         parts: &http::request::Parts,
         body: &[u8],
     ) -> Option<http::Response<Body>> {
-        let segments: Vec<&str> = parts
-            .uri
-            .path()
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .collect();
-        let name = match segments.as_slice() {
-            ["api", "v1", "namespaces"] => None,
-            ["api", "v1", "namespaces", name] => Some(name.to_string()),
-            _ => return None,
+        let path = parts.uri.path().trim_end_matches('/');
+        let mut kinds = self.kinds.lock().expect("store lock");
+        let (kind, name) = kinds.iter_mut().find_map(|k| {
+            if path == k.collection {
+                return Some((k, None));
+            }
+            let rest = path.strip_prefix(k.collection)?.strip_prefix('/')?;
+            (!rest.is_empty() && !rest.contains('/')).then(|| (k, Some(rest.to_string())))
+        })?;
+        let plural = kind
+            .collection
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let parsed = || -> Result<Value, http::Response<Body>> {
+            serde_json::from_slice(body)
+                .map_err(|e| status(400, "BadRequest", format!("invalid {}: {e}", kind.kind)))
         };
-        let mut items = self.items.lock().expect("namespace store lock");
         Some(match (parts.method.as_str(), name) {
-            ("GET", Some(name)) => match items.get(&name) {
-                Some(ns) => response(200, ns.clone()),
-                None => status(404, "NotFound", format!("namespaces \"{name}\" not found")),
+            ("GET", Some(name)) => match kind.items.get(&name) {
+                Some(obj) => response(200, obj.clone()),
+                None => status(404, "NotFound", format!("{plural} \"{name}\" not found")),
             },
             ("GET", None) => response(
                 200,
                 json!({
-                    "kind": "NamespaceList", "apiVersion": "v1",
-                    "metadata": { "resourceVersion": "1" },
-                    "items": items.values().cloned().collect::<Vec<_>>(),
+                    "kind": format!("{}List", kind.kind), "apiVersion": kind.api_version,
+                    "metadata": { "resourceVersion": self.resource_version.lock().expect("store lock").to_string() },
+                    "items": kind.items.values().cloned().collect::<Vec<_>>(),
                 }),
             ),
             ("POST", None) => {
-                let mut ns: Value = match serde_json::from_slice(body) {
+                let mut obj = match parsed() {
                     Ok(v) => v,
-                    Err(e) => {
-                        return Some(status(400, "BadRequest", format!("invalid Namespace: {e}")));
-                    }
+                    Err(r) => return Some(r),
                 };
-                let Some(name) = ns
+                let Some(name) = obj
                     .pointer("/metadata/name")
                     .and_then(Value::as_str)
                     .map(str::to_string)
@@ -84,43 +131,99 @@ impl NamespaceStore {
                     return Some(status(
                         422,
                         "Invalid",
-                        "Namespace needs metadata.name".into(),
+                        format!("{} needs metadata.name", kind.kind),
                     ));
                 };
-                if items.contains_key(&name) {
+                if kind.items.contains_key(&name) {
                     return Some(status(
                         409,
                         "AlreadyExists",
-                        format!("namespaces \"{name}\" already exists"),
+                        format!("{plural} \"{name}\" already exists"),
                     ));
                 }
-                ns["apiVersion"] = "v1".into();
-                ns["kind"] = "Namespace".into();
-                ns["metadata"]["uid"] = format!("ns-{name}").into();
-                ns["metadata"]["resourceVersion"] = "1".into();
-                ns["status"] = json!({ "phase": "Active" });
-                items.insert(name, ns.clone());
-                response(201, ns)
+                obj["apiVersion"] = kind.api_version.into();
+                obj["kind"] = kind.kind.into();
+                obj["metadata"]["uid"] = format!("{plural}-{name}-{}", self.next_version()).into();
+                obj["metadata"]["resourceVersion"] = self.next_version().into();
+                obj["metadata"]["generation"] = 1.into();
+                obj["metadata"]["creationTimestamp"] = k8s_openapi::jiff::Timestamp::now()
+                    .strftime("%Y-%m-%dT%H:%M:%SZ")
+                    .to_string()
+                    .into();
+                if kind.kind == "Namespace" {
+                    obj["status"] = json!({ "phase": "Active" });
+                }
+                kind.items.insert(name, obj.clone());
+                response(201, obj)
             }
-            ("DELETE", Some(name)) => match items.remove(&name) {
-                Some(ns) => response(200, ns),
-                None => status(404, "NotFound", format!("namespaces \"{name}\" not found")),
+            ("PUT", Some(name)) => {
+                let mut obj = match parsed() {
+                    Ok(v) => v,
+                    Err(r) => return Some(r),
+                };
+                let Some(old) = kind.items.get(&name).cloned() else {
+                    return Some(status(
+                        404,
+                        "NotFound",
+                        format!("{plural} \"{name}\" not found"),
+                    ));
+                };
+                let sent_rv = obj.pointer("/metadata/resourceVersion").cloned();
+                if sent_rv.is_some() && sent_rv != old.pointer("/metadata/resourceVersion").cloned()
+                {
+                    return Some(status(
+                        409,
+                        "Conflict",
+                        format!(
+                            "Operation cannot be fulfilled on {plural} \"{name}\": the object has been modified"
+                        ),
+                    ));
+                }
+                let mut generation = old
+                    .pointer("/metadata/generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1);
+                if obj.get("spec") != old.get("spec") {
+                    generation += 1;
+                }
+                obj["apiVersion"] = kind.api_version.into();
+                obj["kind"] = kind.kind.into();
+                obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
+                obj["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
+                obj["metadata"]["generation"] = generation.into();
+                obj["metadata"]["resourceVersion"] = self.next_version().into();
+                kind.items.insert(name, obj.clone());
+                response(200, obj)
+            }
+            ("DELETE", Some(name)) => match kind.items.remove(&name) {
+                Some(obj) => response(200, obj),
+                None => status(404, "NotFound", format!("{plural} \"{name}\" not found")),
             },
             (method, _) => status(
                 405,
                 "MethodNotAllowed",
-                format!("{method} on namespaces is not served here"),
+                format!("{method} on {plural} is not served by the test API"),
             ),
         })
     }
 
-    /// Names of the namespaces that exist.
-    pub fn names(&self) -> Vec<String> {
-        self.items
-            .lock()
-            .expect("namespace store lock")
-            .keys()
-            .cloned()
-            .collect()
+    /// A client that answers the served kinds from this store and passes
+    /// everything else to `inner`.
+    pub fn in_front_of(&self, inner: Client) -> Client {
+        let store = self.clone();
+        let service = tower::service_fn(move |request: http::Request<Body>| {
+            let (inner, store) = (inner.clone(), store.clone());
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect_bytes().await?;
+                if let Some(response) = store.handle(&parts, &bytes) {
+                    return Ok(response);
+                }
+                inner
+                    .send(http::Request::from_parts(parts, Body::from(bytes.to_vec())))
+                    .await
+            }
+        });
+        Client::new(service, "default")
     }
 }

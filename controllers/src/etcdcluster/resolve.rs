@@ -220,7 +220,10 @@ fn rebased_spec(cluster: &EtcdCluster) -> EtcdClusterSpec {
     };
     let mut current = serde_json::to_value(&spec.config).expect("EtcdConfig serializes");
     clear_matching(&mut current, &previous);
+    let storage = spec.config.storage.take();
     spec.config = serde_json::from_value(current).expect("EtcdConfig round-trips");
+    // Storage is immutable once set (the CRD enforces it): a rebase never moves it.
+    spec.config.storage = storage;
     spec
 }
 
@@ -295,26 +298,36 @@ async fn write_materialized(
         &mut recorded,
         &serde_json::to_value(values).expect("EtcdConfig serializes"),
     );
+    let mut spec = serde_json::to_value(values).expect("EtcdConfig serializes");
+    if rebase {
+        // A rebase replaces values the template wrote before: apply the whole
+        // rebased config so this field manager owns exactly what it wrote.
+        spec = serde_json::to_value(merge_config(&rebased_spec(cluster).config, values))
+            .expect("EtcdConfig serializes");
+    }
+    let apply = serde_json::json!({
+        "apiVersion": "etcdfleet.dev/v1alpha1",
+        "kind": "EtcdCluster",
+        "metadata": { "name": cluster.name_any() },
+        "spec": spec,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(&cluster.name_any(), &params, &Patch::Apply(&apply))
+        .await
+        .map_err(Error::ManagementApi)?;
+    // Bookkeeping annotations by merge patch (null deletes the rebase request).
     let mut annotations = serde_json::Map::new();
     annotations.insert(MATERIALIZED_ANNOTATION.into(), recorded.to_string().into());
     if rebase {
         annotations.insert(REBASE_ANNOTATION.into(), serde_json::Value::Null);
     }
-    let mut patch = serde_json::json!({
-        "apiVersion": "etcdfleet.dev/v1alpha1",
-        "kind": "EtcdCluster",
-        "metadata": { "name": cluster.name_any(), "annotations": annotations },
-        "spec": serde_json::to_value(values).expect("EtcdConfig serializes"),
-    });
-    if rebase {
-        // A rebase replaces values the template wrote before: send the whole
-        // resolved config so cleared fields are written again.
-        patch["spec"] = serde_json::to_value(merge_config(&rebased_spec(cluster).config, values))
-            .expect("EtcdConfig serializes");
-    }
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    api.patch(&cluster.name_any(), &params, &Patch::Apply(&patch))
-        .await
-        .map_err(Error::ManagementApi)?;
+    let merge = serde_json::json!({ "metadata": { "annotations": annotations } });
+    api.patch(
+        &cluster.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&merge),
+    )
+    .await
+    .map_err(Error::ManagementApi)?;
     Ok(())
 }
