@@ -197,3 +197,61 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcdcluster::plan::Step;
+
+    fn condition(type_: &str, status: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "R".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        }
+    }
+
+    #[test]
+    fn exposition_counts_reconciles_failures_steps_and_clusters_by_condition() {
+        let m = Metrics::new();
+        m.observe_reconcile(Duration::from_millis(3), None);
+        m.observe_reconcile(Duration::from_millis(3), Some("WorkloadAPIUnreachable"));
+        m.observe_step("AddLearner", Duration::from_millis(40), None);
+        m.observe_plan(&Plan::Act(Step::AddLearner { ordinal: 1 }));
+        m.observe_plan(&Plan::Converged);
+        m.set_cluster_conditions("a/x", Some(&[condition("Available", "True")]));
+        m.set_cluster_conditions("a/y", Some(&[condition("Available", "True")]));
+        m.set_cluster_conditions("a/z", Some(&[condition("Available", "False")]));
+        let text = m.encode();
+        assert!(text.contains("etcdfleet_reconciles_total 2"), "{text}");
+        assert!(
+            text.contains(
+                r#"etcdfleet_reconcile_failures_total{reason="WorkloadAPIUnreachable"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"etcdfleet_steps_total{step="AddLearner",outcome="ok"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"etcdfleet_plans_total{plan="Converged"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"etcdfleet_clusters{condition="Available",status="True"} 2"#),
+            "{text}"
+        );
+        // A deleted cluster is forgotten.
+        m.set_cluster_conditions("a/y", None);
+        assert!(
+            m.encode()
+                .contains(r#"etcdfleet_clusters{condition="Available",status="True"} 1"#)
+        );
+    }
+}

@@ -101,10 +101,8 @@ impl ClusterScopedStore {
             .next()
             .unwrap_or_default()
             .to_string();
-        let parsed = || -> Result<Value, http::Response<Body>> {
-            serde_json::from_slice(body)
-                .map_err(|e| status(400, "BadRequest", format!("invalid {}: {e}", kind.kind)))
-        };
+        let parsed = serde_json::from_slice::<Value>(body)
+            .map_err(|e| format!("invalid {}: {e}", kind.kind));
         Some(match (parts.method.as_str(), name) {
             ("GET", Some(name)) => match kind.items.get(&name) {
                 Some(obj) => response(200, obj.clone()),
@@ -119,9 +117,9 @@ impl ClusterScopedStore {
                 }),
             ),
             ("POST", None) => {
-                let mut obj = match parsed() {
+                let mut obj = match parsed {
                     Ok(v) => v,
-                    Err(r) => return Some(r),
+                    Err(e) => return Some(status(400, "BadRequest", e)),
                 };
                 let Some(name) = obj
                     .pointer("/metadata/name")
@@ -157,9 +155,9 @@ impl ClusterScopedStore {
                 response(201, obj)
             }
             ("PUT", Some(name)) => {
-                let mut obj = match parsed() {
+                let mut obj = match parsed {
                     Ok(v) => v,
-                    Err(r) => return Some(r),
+                    Err(e) => return Some(status(400, "BadRequest", e)),
                 };
                 let Some(old) = kind.items.get(&name).cloned() else {
                     return Some(status(

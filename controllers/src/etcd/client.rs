@@ -247,7 +247,9 @@ fn same_urls(a: &[String], b: &[String]) -> bool {
 }
 
 fn note_timeout(e: &EtcdError, timed_out: &AtomicBool) {
-    if matches!(e, EtcdError::Timeout { .. }) {
+    // A lost answer, not only a slow one: a member being removed may cut the
+    // connection that carried its own removal after committing it.
+    if matches!(e, EtcdError::Timeout { .. } | EtcdError::Unreachable(_)) {
         timed_out.store(true, Ordering::Relaxed);
     }
 }

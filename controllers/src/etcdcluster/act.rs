@@ -510,6 +510,14 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
     let patch = serde_json::json!({
         "metadata": { "finalizers": finalizers, "resourceVersion": cluster.resource_version() }
     });
+    ctx.metrics.set_cluster_conditions(
+        &format!(
+            "{}/{}",
+            cluster.namespace().unwrap_or_default(),
+            cluster.name_any()
+        ),
+        None,
+    );
     match api
         .patch(
             &cluster.name_any(),

@@ -342,6 +342,10 @@ impl Report {
 
     /// Writes the status if it changed. Returns whether it wrote.
     pub async fn write(&self, ctx: &Context) -> Result<bool> {
+        ctx.metrics.set_cluster_conditions(
+            &format!("{}/{}", self.namespace, self.name),
+            Some(&self.new.conditions),
+        );
         if self.new == self.old {
             return Ok(false);
         }
