@@ -235,6 +235,33 @@ async fn a_wiped_member_is_replaced_without_losing_an_acknowledged_write() -> Re
         min_ready.load(Ordering::SeqCst) >= 2,
         "a quorum of 2 stayed healthy throughout"
     );
+    // Deletes carry UID and resourceVersion preconditions (kube-fake-client
+    // ignores them, so the recorded request bodies are what proves they are sent).
+    let deletes: Vec<_> = fleet
+        .ops()
+        .into_iter()
+        .filter(|o| o.cluster == "a" && o.verb == "delete")
+        .collect();
+    assert!(!deletes.is_empty(), "the stale pod and PVC were deleted");
+    for d in &deletes {
+        let pre = d.body.as_ref().and_then(|b| b.get("preconditions"));
+        assert!(
+            pre.and_then(|p| p.get("uid")).is_some()
+                && pre.and_then(|p| p.get("resourceVersion")).is_some(),
+            "delete without preconditions: {d}"
+        );
+    }
+    // Every step was reported as an Event on the EtcdCluster.
+    let events = fleet
+        .ops()
+        .into_iter()
+        .filter(|o| o.cluster == "management" && o.resource == "events" && o.verb == "create")
+        .count();
+    assert!(
+        events >= log.steps.len(),
+        "{events} events for {} steps",
+        log.steps.len()
+    );
     let new_id = after
         .members
         .iter()

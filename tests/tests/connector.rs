@@ -1,0 +1,271 @@
+//! The workload cluster connector against a fake management API: kubeconfig
+//! checks, the client cache (reuse, rotation, auth eviction, idle eviction),
+//! per-cluster backoff, and that Secrets are only ever read by name.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::Result;
+use etcdfleet_controllers::connector::{
+    ConnectError, ConnectorSettings, KubeconfigLocation, WorkloadClientFactory,
+    WorkloadClusterConnector, check_kubeconfig,
+};
+use etcdfleet_tests::fleet::{Fleet, KubeconfigFault};
+use futures::future::BoxFuture;
+use kube::Client;
+use kube::config::Kubeconfig;
+
+/// Counts how often a client is built, delegating to the fleet's factory.
+struct CountingFactory {
+    inner: Arc<dyn WorkloadClientFactory>,
+    builds: AtomicUsize,
+}
+
+impl WorkloadClientFactory for CountingFactory {
+    fn build<'a>(
+        &'a self,
+        kubeconfig: &'a Kubeconfig,
+        server: &'a str,
+    ) -> BoxFuture<'a, Result<Client, String>> {
+        self.builds.fetch_add(1, Ordering::SeqCst);
+        self.inner.build(kubeconfig, server)
+    }
+}
+
+fn location(fleet: &Fleet, name: &str) -> KubeconfigLocation {
+    KubeconfigLocation {
+        namespace: fleet.namespace().to_string(),
+        secret_name: Fleet::kubeconfig_secret_name(name),
+        key: "value".into(),
+    }
+}
+
+fn connector(
+    fleet: &Fleet,
+    settings: ConnectorSettings,
+) -> (WorkloadClusterConnector, Arc<CountingFactory>) {
+    let factory = Arc::new(CountingFactory {
+        inner: fleet.client_factory(),
+        builds: AtomicUsize::new(0),
+    });
+    (
+        WorkloadClusterConnector::new(fleet.management(), factory.clone(), settings),
+        factory,
+    )
+}
+
+#[tokio::test]
+async fn clients_are_cached_per_secret_version_and_rebuilt_on_rotation() -> Result<()> {
+    let fleet = Fleet::new(&["a", "b"]).await?;
+    let (conn, factory) = connector(&fleet, ConnectorSettings::default());
+    let a = conn.connect(&location(&fleet, "a")).await?;
+    assert_eq!(a.server, "https://a.workload.test:6443");
+    conn.connect(&location(&fleet, "a")).await?;
+    conn.connect(&location(&fleet, "b")).await?;
+    assert_eq!(
+        factory.builds.load(Ordering::SeqCst),
+        2,
+        "one client per cluster, reused"
+    );
+    assert_eq!(conn.cached(), 2);
+
+    // Rotation: a new resourceVersion of the Secret rebuilds the client.
+    fleet.put_kubeconfig("a", &fleet.kubeconfig("a")).await?;
+    conn.connect(&location(&fleet, "a")).await?;
+    assert_eq!(factory.builds.load(Ordering::SeqCst), 3);
+
+    // Every read of a kubeconfig was a GET by name.
+    let secret_ops: Vec<_> = fleet
+        .ops()
+        .into_iter()
+        .filter(|o| o.resource == "secrets")
+        .collect();
+    assert!(!secret_ops.is_empty());
+    assert!(
+        secret_ops
+            .iter()
+            .all(|o| o.verb == "get" && o.name.is_some()),
+        "{secret_ops:?}"
+    );
+    assert!(fleet.secret_lists_or_watches().is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn authentication_failures_evict_and_failures_back_off_per_cluster() -> Result<()> {
+    let fleet = Fleet::new(&["a", "b"]).await?;
+    let settings = ConnectorSettings {
+        idle_ttl: Duration::from_millis(200),
+        backoff_base: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(350),
+    };
+    let (conn, factory) = connector(&fleet, settings);
+    let (la, lb) = (location(&fleet, "a"), location(&fleet, "b"));
+    conn.connect(&la).await?;
+    conn.connect(&lb).await?;
+
+    let unauthorized = ConnectError::Unauthorized {
+        server: "https://a.workload.test:6443".into(),
+        detail: "Unauthorized (401)".into(),
+    };
+    let first = conn.record_failure(&la, &unauthorized);
+    let second = conn.record_failure(&la, &unauthorized);
+    let third = conn.record_failure(&la, &unauthorized);
+    assert_eq!(
+        (first, second, third),
+        (
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+            Duration::from_millis(350)
+        ),
+        "doubling, capped"
+    );
+    assert!(conn.backoff_remaining(&la).is_some());
+    assert!(
+        conn.backoff_remaining(&lb).is_none(),
+        "b is not affected by a's failures"
+    );
+    assert_eq!(
+        conn.cached(),
+        1,
+        "a's client was evicted on the auth failure"
+    );
+    conn.connect(&la).await?;
+    assert_eq!(
+        factory.builds.load(Ordering::SeqCst),
+        3,
+        "rebuilt after eviction"
+    );
+    conn.record_success(&la);
+    assert!(conn.backoff_remaining(&la).is_none());
+
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(conn.evict_idle(), 2, "idle clients are dropped");
+    assert_eq!(conn.cached(), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn broken_kubeconfigs_get_specific_errors_without_secret_content() -> Result<()> {
+    let fleet = Fleet::new(&["a"]).await?;
+    let (conn, factory) = connector(&fleet, ConnectorSettings::default());
+    let la = location(&fleet, "a");
+    for (fault, reason) in [
+        (KubeconfigFault::Garbage, "KubeconfigInvalid"),
+        (KubeconfigFault::ExecPlugin, "KubeconfigNotAllowed"),
+        (KubeconfigFault::Missing, "KubeconfigSecretNotFound"),
+    ] {
+        fleet.break_kubeconfig("a", fault).await?;
+        let err = match conn.connect(&la).await {
+            Err(e) => e,
+            Ok(_) => panic!("{fault:?} must be refused"),
+        };
+        assert_eq!(err.reason(), reason, "{err}");
+        let message = err.to_string();
+        assert!(message.contains("a-kubeconfig"), "{message}");
+        assert!(
+            !message.contains("echo pwned"),
+            "no Secret content: {message}"
+        );
+    }
+    assert_eq!(
+        factory.builds.load(Ordering::SeqCst),
+        0,
+        "nothing built from a bad kubeconfig"
+    );
+    Ok(())
+}
+
+fn check(text: &str) -> Result<String, ConnectError> {
+    let location = KubeconfigLocation {
+        namespace: "ns".into(),
+        secret_name: "c-kubeconfig".into(),
+        key: "value".into(),
+    };
+    check_kubeconfig(&location, text).map(|(_, server)| server)
+}
+
+const GOOD: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: https://c.example:6443
+    certificate-authority-data: Zm9v
+users:
+- name: u
+  user:
+    token: secret-token
+contexts:
+- name: ctx
+  context: {cluster: c, user: u}
+current-context: ctx
+";
+
+#[test]
+fn kubeconfig_checks_allow_only_inline_credentials() {
+    assert_eq!(check(GOOD).unwrap(), "https://c.example:6443");
+    let cases = [
+        (
+            GOOD.replace(
+                "certificate-authority-data: Zm9v",
+                "certificate-authority: /etc/ca.crt",
+            ),
+            "KubeconfigNotAllowed",
+            "certificate-authority",
+        ),
+        (
+            GOOD.replace("token: secret-token", "tokenFile: /var/run/token"),
+            "KubeconfigNotAllowed",
+            "tokenFile",
+        ),
+        (
+            GOOD.replace(
+                "token: secret-token",
+                "client-certificate: /c.crt\n    client-key: /c.key",
+            ),
+            "KubeconfigNotAllowed",
+            "local files",
+        ),
+        (
+            GOOD.replace("token: secret-token", "auth-provider: {name: gcp}"),
+            "KubeconfigNotAllowed",
+            "auth-provider",
+        ),
+        (
+            GOOD.replace(
+                "token: secret-token",
+                "exec: {apiVersion: client.authentication.k8s.io/v1, command: aws}",
+            ),
+            "KubeconfigNotAllowed",
+            "exec",
+        ),
+        (
+            GOOD.replace("current-context: ctx", "current-context: other"),
+            "KubeconfigInvalid",
+            "\"other\" is not defined",
+        ),
+        (
+            GOOD.replace("    server: https://c.example:6443\n", ""),
+            "KubeconfigInvalid",
+            "has no server",
+        ),
+        (
+            GOOD.replace("https://c.example:6443", "ftp://c.example"),
+            "KubeconfigInvalid",
+            "not an http(s) URL",
+        ),
+        (
+            "{{{ not yaml".to_string(),
+            "KubeconfigInvalid",
+            "cannot parse",
+        ),
+    ];
+    for (text, reason, words) in cases {
+        let err = check(&text).expect_err(words);
+        assert_eq!(err.reason(), reason, "{err}");
+        assert!(err.to_string().contains(words), "{err}");
+        assert!(!err.to_string().contains("secret-token"), "{err}");
+    }
+}
