@@ -26,7 +26,7 @@ use crate::etcdcluster::plan::{
     EtcdObservation, Observation, Plan, PodObservation, PvcObservation, RemovalCause,
     StatefulSetObservation, Step, plan_next_step,
 };
-use crate::etcdcluster::resolve::{REBASE_ANNOTATION, render_inputs};
+use crate::etcdcluster::resolve::{REBASE_ANNOTATION, render_inputs, resolve_own_spec};
 use crate::render::{self, Names, RenderInputs, RenderProfile};
 
 /// Bad input files.
@@ -201,9 +201,7 @@ pub fn resolve_like_controller(
         .is_some();
     let rebase = cluster.annotations().contains_key(REBASE_ANNOTATION);
     if cluster.spec.template_ref.is_some() && materialized && !rebase {
-        let mut own = cluster.spec.clone();
-        own.template_ref = None;
-        return resolve(None, None, &own).map(|r| (r, ResolutionBasis::Materialized));
+        return resolve_own_spec(&cluster.spec).map(|r| (r, ResolutionBasis::Materialized));
     }
     let (ct, t) = manifests.templates_for(cluster)?;
     resolve(ct, t, &cluster.spec).map(|r| (r, ResolutionBasis::Templates))

@@ -450,7 +450,7 @@ current-context: {name}
 /// Stands in for `EtcdCluster` where kube-fake-client wants a `Default`
 /// instance only to learn the group/version/kind (status subresource).
 #[derive(serde::Serialize)]
-struct EtcdClusterKind {
+pub struct EtcdClusterKind {
     #[serde(rename = "apiVersion")]
     api_version: String,
     kind: String,

@@ -4,6 +4,7 @@
 //! management API; each writes (finalizer, status) only its own clusters and
 //! makes no API call at all about the other's.
 
+use etcdfleet_tests::fleet::EtcdClusterKind;
 use std::sync::{Arc, Mutex};
 
 use etcdfleet_api::{EtcdCluster, EtcdClusterSpec};
@@ -17,8 +18,8 @@ use etcdfleet_controllers::etcdcluster::{
 };
 use etcdfleet_controllers::metrics::Metrics;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams, ObjectMeta};
-use kube::{Client, Resource, ResourceExt};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
 use kube_fake_client::{ClientBuilder, interceptor};
 
 /// One API call the fake management API saw: verb, namespace, object name.
@@ -113,51 +114,6 @@ fn recorder(calls: &Calls) -> interceptor::Funcs {
             );
             Ok(None)
         })
-}
-
-/// Stands in for `EtcdCluster` where kube-fake-client wants a `Default`
-/// instance only to learn the group/version/kind (status subresource).
-#[derive(serde::Serialize)]
-struct EtcdClusterKind {
-    #[serde(rename = "apiVersion")]
-    api_version: String,
-    kind: String,
-    #[serde(skip)]
-    metadata: ObjectMeta,
-}
-
-impl Default for EtcdClusterKind {
-    fn default() -> Self {
-        EtcdClusterKind {
-            api_version: EtcdCluster::api_version(&()).into_owned(),
-            kind: EtcdCluster::kind(&()).into_owned(),
-            metadata: ObjectMeta::default(),
-        }
-    }
-}
-
-impl Resource for EtcdClusterKind {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
-        EtcdCluster::kind(dt)
-    }
-    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
-        EtcdCluster::group(dt)
-    }
-    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
-        EtcdCluster::version(dt)
-    }
-    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
-        EtcdCluster::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
 }
 
 fn cluster(name: &str, namespace: &str, stage: &str) -> EtcdCluster {

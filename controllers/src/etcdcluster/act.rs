@@ -536,12 +536,7 @@ async fn cleanup_workload(cluster: &EtcdCluster, ctx: &Context) -> Result<()> {
     let location = KubeconfigLocation::of(cluster).ok_or(ConnectError::NoClusterReference)?;
     let workload = ctx.connector.connect(&location).await?;
     // The workload namespace comes from the spec as last resolved.
-    let own = {
-        let mut spec = cluster.spec.clone();
-        spec.template_ref = None;
-        spec
-    };
-    let ns = etcdfleet_api::template::resolve(None, None, &own)
+    let ns = super::resolve::resolve_own_spec(&cluster.spec)
         .map(|r| r.spec.workload_namespace)
         .unwrap_or_else(|_| etcdfleet_api::template::DEFAULT_WORKLOAD_NAMESPACE.to_string());
     let names = Names::new(&cluster.name_any(), &ns);

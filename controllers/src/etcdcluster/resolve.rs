@@ -136,9 +136,7 @@ pub async fn resolve_cluster(
     }
 
     // From here on the spec alone is the truth.
-    let mut own = spec.clone();
-    own.template_ref = None;
-    let resolution = match resolve(None, None, &own) {
+    let resolution = match resolve_own_spec(&spec) {
         Ok(r) => r,
         Err(e) => {
             report.template_failed(&e);
@@ -178,6 +176,14 @@ pub async fn resolve_cluster(
         inputs,
         version_change,
     }))
+}
+
+/// Resolves a spec on its own, ignoring `templateRef`: how a cluster whose
+/// template values were materialized into its spec is resolved.
+pub fn resolve_own_spec(spec: &EtcdClusterSpec) -> Result<Resolution, ResolveError> {
+    let mut own = spec.clone();
+    own.template_ref = None;
+    resolve(None, None, &own)
 }
 
 /// The render inputs of a resolved cluster.
