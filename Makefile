@@ -12,9 +12,10 @@ rust-tools:
 	@command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 
+# nextest runs every test (unit, integration, end to end) each in its own
+# process, so a test's etcd processes never outlive it. The crates have no doc tests.
 test: tools rust-tools
 	cargo nextest run --workspace --all-targets --no-fail-fast
-	cargo test --workspace --doc
 
 lint:
 	cargo fmt --all -- --check
