@@ -512,7 +512,12 @@ async fn a_paused_cluster_reports_the_next_step_and_writes_nothing_else() -> Res
     }
     let fleet = Fleet::new(&["a"]).await?;
     let mut ctl = controller(&fleet);
-    create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
+    // This one runs without TLS: the plain-HTTP path end to end.
+    let mut plain = cluster("etcd-a", "a", 1, "3.5.1");
+    plain.spec.config.tls = Some(etcdfleet_api::TlsSpec {
+        enabled: Some(false),
+    });
+    create(&fleet, &plain).await?;
     converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
     let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
     api.patch(
@@ -535,5 +540,25 @@ async fn a_paused_cluster_reports_the_next_step_and_writes_nothing_else() -> Res
         "{:?}",
         fleet.writes()
     );
+    // Unpaused, it grows to three members over plain HTTP.
+    api.patch(
+        "etcd-a",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "spec": { "paused": false } })),
+    )
+    .await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    assert_eq!((status.replicas, status.ready_members), (3, 3));
+    assert!(
+        status
+            .members
+            .iter()
+            .all(|m| m.client_urls.iter().all(|u| u.starts_with("http://")))
+    );
+    let secrets = Api::<Secret>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+        .list(&ListParams::default())
+        .await?;
+    assert!(secrets.items.is_empty(), "no TLS secrets without TLS");
     Ok(())
 }

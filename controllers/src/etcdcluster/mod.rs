@@ -22,7 +22,7 @@ pub mod status;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcdfleet_api::{EtcdCluster, conditions};
+use etcdfleet_api::EtcdCluster;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -396,13 +396,4 @@ pub async fn publish(
 /// Current time as a Kubernetes `Time`.
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
-}
-
-/// Whether a condition says the version change was rejected.
-pub fn version_rejected(cluster: &EtcdCluster) -> bool {
-    cluster
-        .status
-        .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, conditions::VERSION_ACCEPTED))
-        .is_some_and(|c| c.status == "False")
 }
