@@ -635,6 +635,8 @@ pub fn observation_from_status(
         pvcs,
         etcd: EtcdObservation::Observed(ClusterHealth::new(observations)),
         failed_members,
+        // Alarms are not in the status; `plan` cannot see them.
+        alarms: Vec::new(),
     }
 }
 
@@ -706,6 +708,7 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
             write!(out, "repair: {step}")
         }
         Step::WriteObjects(_) | Step::Bootstrap { .. } => write!(out, "create: {step}"),
+        Step::RecoverFromNoSpace | Step::Defragment { .. } => write!(out, "maintenance: {step}"),
     };
     out
 }

@@ -562,3 +562,57 @@ async fn a_paused_cluster_reports_the_next_step_and_writes_nothing_else() -> Res
     assert!(secrets.items.is_empty(), "no TLS secrets without TLS");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nospace_alarm_is_reported_and_recovered() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = controller(&fleet);
+    let mut small = cluster("etcd-a", "a", 3, "3.5.1");
+    small.spec.config.etcd.as_mut().unwrap().quota_backend_bytes = Some(4 << 20);
+    create(&fleet, &small).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+
+    // Overwrite one key until etcd runs out of its 4 MiB quota: the space is
+    // all history, which compaction and defragmentation give back.
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let mut kv = etcdfleet_controllers::etcd::ClusterClient::connect(&endpoints, &config)
+        .await?
+        .kv();
+    let value = vec![b'x'; 256 * 1024];
+    let mut full = false;
+    for _ in 0..200 {
+        match kv.put("big", value.clone(), None).await {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("space exceeded") => {
+                full = true;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    assert!(full, "etcd never raised NOSPACE");
+
+    fleet.sync_all().await?;
+    let outcome = ctl.reconcile(NS, "etcd-a").await?;
+    assert_eq!(outcome, Outcome::Acted(Step::RecoverFromNoSpace));
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    let available = conditions::find(&status.conditions, conditions::AVAILABLE).unwrap();
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_str()),
+        ("False", "NoSpace")
+    );
+    let degraded = conditions::find(&status.conditions, conditions::DEGRADED).unwrap();
+    assert_eq!(degraded.reason, "AlarmNOSPACE", "{degraded:?}");
+
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    assert!(conditions::is_true(
+        &status.conditions,
+        conditions::AVAILABLE
+    ));
+    kv.put("after-recovery", "ok", None).await?;
+    Ok(())
+}

@@ -522,6 +522,39 @@ impl ClusterClient {
             .collect())
     }
 
+    /// Compacts the keyspace history up to the current revision and returns
+    /// that revision. Compacting an already compacted revision is not an error.
+    pub async fn compact_to_current(&self) -> Result<i64> {
+        let mut c = self.client.clone();
+        // Serializable reads and compaction are allowed under a NOSPACE alarm.
+        let resp = with_deadline(
+            "read revision",
+            self.config.deadlines.request,
+            None,
+            c.get("\0", Some(GetOptions::new().with_keys_only().with_limit(1))),
+        )
+        .await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        if revision <= 1 {
+            return Ok(revision);
+        }
+        let result = with_deadline(
+            "compact",
+            self.config.deadlines.request,
+            None,
+            c.compact(
+                revision,
+                Some(etcd_client::CompactionOptions::new().with_physical()),
+            ),
+        )
+        .await;
+        match result {
+            Ok(_) => Ok(revision),
+            Err(EtcdError::Rpc { message, .. }) if message.contains("compacted") => Ok(revision),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Disarms one alarm (after its cause was dealt with: for NOSPACE,
     /// compact and defragment first).
     pub async fn disarm_alarm(&self, alarm: Alarm) -> Result<()> {

@@ -186,6 +186,14 @@ pub async fn execute(
             }
             Ok(())
         }
+        Step::RecoverFromNoSpace => recover_from_nospace(inputs, observed, ctx).await,
+        Step::Defragment { ordinal, .. } => {
+            member_client(observed, ctx, *ordinal, inputs.tls)
+                .await?
+                .defragment()
+                .await?;
+            Ok(())
+        }
         Step::RestartMember { ordinal, .. } => {
             if let Some(pod) = observed.pods.get(ordinal) {
                 delete_exact(&Api::<Pod>::namespaced(client, ns), pod)
@@ -195,6 +203,68 @@ pub async fn execute(
             Ok(())
         }
     }
+}
+
+/// A client for exactly one member, reached through the dialer.
+async fn member_client(
+    observed: &Observed,
+    ctx: &Context,
+    ordinal: u32,
+    tls: bool,
+) -> Result<crate::etcd::MemberClient> {
+    let url = ctx
+        .dialer
+        .dial_url(&observed.server, &observed.names().client_url(ordinal, tls))
+        .map_err(Error::Invalid)?;
+    Ok(crate::etcd::MemberClient::connect(&url, &observed.etcd_config).await?)
+}
+
+/// NOSPACE recovery (etcd's maintenance guide): compact the history,
+/// defragment every member one at a time (followers first, leader last) so
+/// the freed pages return to the filesystem, then disarm the alarm. If live
+/// data alone still fills the quota, the alarm stays and the error says to
+/// raise `spec.etcd.quotaBackendBytes`.
+async fn recover_from_nospace(
+    inputs: &RenderInputs,
+    observed: &Observed,
+    ctx: &Context,
+) -> Result<()> {
+    let health = observed
+        .health
+        .as_ref()
+        .ok_or_else(|| Error::Invalid("no etcd observation".into()))?;
+    let names = observed.names();
+    let cluster = etcd_client(observed).await?;
+    cluster.compact_to_current().await?;
+    let leader = health.leader();
+    let mut members: Vec<(bool, u32)> = health
+        .members()
+        .iter()
+        .filter_map(|m| {
+            let ordinal = names.ordinal_of_peer_url(m.member.peer_urls.first()?)?;
+            Some((leader == Some(m.member.id), ordinal))
+        })
+        .collect();
+    members.sort();
+    let mut in_use = 0;
+    for (_, ordinal) in &members {
+        let member = member_client(observed, ctx, *ordinal, inputs.tls).await?;
+        member.defragment().await?;
+        in_use = in_use.max(member.status().await?.db_size_in_use);
+    }
+    if in_use * 10 > inputs.quota_backend_bytes * 9 {
+        return Err(Error::Invalid(format!(
+            "NOSPACE persists: live data uses {in_use} bytes of the {} byte quota after compaction \
+             and defragmentation; raise spec.etcd.quotaBackendBytes",
+            inputs.quota_backend_bytes
+        )));
+    }
+    for alarm in cluster.alarms().await? {
+        if alarm.kind == crate::etcd::AlarmKind::NoSpace {
+            cluster.disarm_alarm(alarm).await?;
+        }
+    }
+    Ok(())
 }
 
 async fn etcd_client(observed: &Observed) -> Result<ClusterClient> {

@@ -54,6 +54,8 @@ pub struct Observed {
     /// Dialed client URLs of the member pods.
     pub endpoints: Vec<String>,
     pub health: Option<ClusterHealth>,
+    /// The workload API server URL (what the dialer needs).
+    pub server: String,
 }
 
 impl Observed {
@@ -272,6 +274,14 @@ pub async fn observe(
         }
     };
 
+    // Alarms, asked of the cluster only when it answers at all.
+    let alarms = match &health {
+        Some(_) => match ClusterClient::connect(&endpoints, &etcd_config).await {
+            Ok(c) => c.alarms().await.unwrap_or_default(),
+            Err(_) => Vec::new(),
+        },
+        None => Vec::new(),
+    };
     let failed_members = match &health {
         Some(h) => report.failed_members(h, ctx.settings.member_failure_grace),
         None => BTreeSet::new(),
@@ -303,6 +313,7 @@ pub async fn observe(
             .collect(),
         etcd,
         failed_members,
+        alarms,
     };
     Ok(Observed {
         planner,
@@ -313,6 +324,7 @@ pub async fn observe(
         etcd_config,
         endpoints,
         health,
+        server: workload.server.clone(),
     })
 }
 

@@ -18,8 +18,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use crate::etcd::ClusterHealth;
+use crate::etcd::{Alarm, AlarmKind, ClusterHealth};
 use crate::render::Names;
+
+/// A member is defragmented when at least this many bytes, and at least half
+/// of its database file, are free pages.
+pub const DEFRAG_MIN_FREE_BYTES: i64 = 128 * 1024 * 1024;
 
 /// A workload object the planner found missing or out of date.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -83,6 +87,8 @@ pub struct Observation {
     pub etcd: EtcdObservation,
     /// Members unhealthy for longer than the failure grace period.
     pub failed_members: BTreeSet<u64>,
+    /// Alarms etcd has raised (NOSPACE, CORRUPT).
+    pub alarms: Vec<Alarm>,
 }
 
 /// Why a member is removed.
@@ -140,6 +146,14 @@ pub enum Step {
         ordinal: u32,
         member_id: u64,
     },
+    /// After a NOSPACE alarm: compact the history, defragment every member
+    /// (followers first, leader last), then disarm the alarm.
+    RecoverFromNoSpace,
+    /// Defragment one member whose database is mostly free pages.
+    Defragment {
+        ordinal: u32,
+        member_id: u64,
+    },
 }
 
 impl Step {
@@ -157,6 +171,8 @@ impl Step {
             Step::RemoveMember { .. } => "RemoveMember",
             Step::DeletePvc { .. } => "DeletePvc",
             Step::RestartMember { .. } => "RestartMember",
+            Step::RecoverFromNoSpace => "RecoverFromNoSpace",
+            Step::Defragment { .. } => "Defragment",
         }
     }
 
@@ -219,6 +235,13 @@ impl fmt::Display for Step {
                 f,
                 "restart member {member_id:x} (ordinal {ordinal}) onto the StatefulSet's image"
             ),
+            Step::RecoverFromNoSpace => write!(
+                f,
+                "recover from the NOSPACE alarm: compact, defragment every member (leader last), disarm"
+            ),
+            Step::Defragment { ordinal, member_id } => {
+                write!(f, "defragment member {member_id:x} (ordinal {ordinal})")
+            }
         }
     }
 }
@@ -381,6 +404,26 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
         }
     }
 
+    // Alarms. CORRUPT needs a person; NOSPACE is recovered once every member
+    // is healthy (defragmentation blocks the member it runs on).
+    if let Some(alarm) = obs.alarms.iter().find(|a| a.kind == AlarmKind::Corrupt) {
+        return Plan::Wait(format!(
+            "etcd raised a CORRUPT alarm on member {}: its data disagrees with the others; \
+             replace that member or restore from a snapshot (no automatic action)",
+            ordinal_of(alarm.member_id)
+                .map_or_else(|| format!("{:x}", alarm.member_id), |o| obs.names.pod(o))
+        ));
+    }
+    if obs.alarms.iter().any(|a| a.kind == AlarmKind::NoSpace) {
+        if let Some(sick) = health.voters().find(|m| !m.healthy) {
+            return Plan::Wait(format!(
+                "NOSPACE recovery waits until every member is healthy ({:x} is not)",
+                sick.member.id
+            ));
+        }
+        return Plan::Act(Step::RecoverFromNoSpace);
+    }
+
     // 5. Scale down: the highest member beyond the desired size goes first.
     // Shrink and clean up after each removal before removing the next.
     let highest_member = health
@@ -537,6 +580,30 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
         };
     }
 
+    // Defragment members whose database is mostly free pages, one at a
+    // time, followers first and the leader last, only in a healthy cluster.
+    if health.members().iter().all(|m| m.healthy) {
+        let leader = health.leader();
+        let mut fragmented: Vec<(bool, u32, u64)> = health
+            .voters()
+            .filter_map(|m| {
+                let s = m.status.as_ref()?;
+                let free = s.db_size.saturating_sub(s.db_size_in_use);
+                (s.db_size > 0 && free >= DEFRAG_MIN_FREE_BYTES && free * 2 >= s.db_size)
+                    .then_some(())?;
+                Some((
+                    leader == Some(m.member.id),
+                    ordinal_of(m.member.id)?,
+                    m.member.id,
+                ))
+            })
+            .collect();
+        fragmented.sort();
+        if let Some(&(_, ordinal, member_id)) = fragmented.first() {
+            return Plan::Act(Step::Defragment { ordinal, member_id });
+        }
+    }
+
     if let Some(sick) = health.members().iter().find(|m| !m.healthy) {
         return Plan::Wait(format!(
             "member {} is unhealthy{}",
@@ -674,6 +741,7 @@ mod tests {
                 (0..n).map(|o| member(o, true, o == 0, false)).collect(),
             )),
             failed_members: BTreeSet::new(),
+            alarms: vec![],
         }
     }
 
@@ -1035,6 +1103,97 @@ mod tests {
                 member_id: 100
             })
         );
+    }
+
+    #[test]
+    fn nospace_is_recovered_once_every_member_is_healthy() {
+        let mut obs = converged(3, 3);
+        obs.alarms = vec![Alarm {
+            member_id: 101,
+            kind: AlarmKind::NoSpace,
+        }];
+        assert_eq!(plan_next_step(&obs), Plan::Act(Step::RecoverFromNoSpace));
+        let mut sick = with_members(
+            obs.clone(),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        sick.alarms = obs.alarms.clone();
+        match plan_next_step(&sick) {
+            Plan::Wait(why) => assert!(why.contains("NOSPACE recovery waits"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_corrupt_alarm_is_left_to_a_person() {
+        let mut obs = converged(3, 3);
+        obs.alarms = vec![Alarm {
+            member_id: 102,
+            kind: AlarmKind::Corrupt,
+        }];
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => {
+                assert!(why.contains("CORRUPT") && why.contains("c-etcd-2"), "{why}")
+            }
+            other => panic!("expected wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fragmented_members_are_defragmented_followers_first_leader_last() {
+        let fragmented = |o: u32, leader: bool| {
+            let mut m = member(o, true, leader, false);
+            let s = m.status.as_mut().unwrap();
+            s.db_size = 512 << 20;
+            s.db_size_in_use = 100 << 20;
+            m
+        };
+        let obs = with_members(
+            converged(3, 3),
+            vec![
+                fragmented(0, true),
+                member(1, true, false, false),
+                fragmented(2, false),
+            ],
+        );
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::Defragment {
+                ordinal: 2,
+                member_id: 102
+            })
+        );
+        let obs = with_members(
+            converged(3, 3),
+            vec![
+                fragmented(0, true),
+                member(1, true, false, false),
+                member(2, true, false, false),
+            ],
+        );
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::Defragment {
+                ordinal: 0,
+                member_id: 100
+            })
+        );
+        // Small databases are left alone however fragmented.
+        let mut small = member(1, true, false, false);
+        small.status.as_mut().unwrap().db_size = 10 << 20;
+        let obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                small,
+                member(2, true, false, false),
+            ],
+        );
+        assert_eq!(plan_next_step(&obs), Plan::Converged);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use super::observe::Observed;
 use super::plan::{EtcdObservation, Step};
 use super::{Context, Error, Result, now};
 use crate::connector::ConnectError;
-use crate::etcd::ClusterHealth;
+use crate::etcd::{AlarmKind, ClusterHealth};
 use crate::render;
 
 /// The status being built during one reconcile.
@@ -260,7 +260,33 @@ impl Report {
             .map(|m| m.name.clone())
             .collect();
         self.new.members = members;
-        if health.has_quorum() {
+        let alarmed = |kind: AlarmKind| -> Vec<String> {
+            observed
+                .planner
+                .alarms
+                .iter()
+                .filter(|a| a.kind == kind)
+                .map(|a| {
+                    self.new
+                        .members
+                        .iter()
+                        .find(|m| m.id.as_deref() == Some(&format!("{:x}", a.member_id)))
+                        .map_or_else(|| format!("{:x}", a.member_id), |m| m.name.clone())
+                })
+                .collect()
+        };
+        let (nospace, corrupt) = (alarmed(AlarmKind::NoSpace), alarmed(AlarmKind::Corrupt));
+        if !nospace.is_empty() {
+            self.set(
+                AVAILABLE,
+                false,
+                "NoSpace",
+                format!(
+                    "etcd refuses writes: NOSPACE alarm raised by {}",
+                    nospace.join(", ")
+                ),
+            );
+        } else if health.has_quorum() {
             self.set(
                 AVAILABLE,
                 true,
@@ -283,7 +309,19 @@ impl Report {
                 ),
             );
         }
-        if unhealthy.is_empty() {
+        if !corrupt.is_empty() || !nospace.is_empty() {
+            let (reason, who) = if corrupt.is_empty() {
+                ("AlarmNOSPACE", nospace)
+            } else {
+                ("AlarmCORRUPT", corrupt)
+            };
+            self.set(
+                DEGRADED,
+                true,
+                reason,
+                format!("etcd alarm raised by {}", who.join(", ")),
+            );
+        } else if unhealthy.is_empty() {
             self.set(
                 DEGRADED,
                 false,
