@@ -362,7 +362,8 @@ pub struct EtcdClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
 
-    /// The version every member runs, as etcd reports it; empty while members differ.
+    /// The version every member runs, as etcd reports it. While members differ
+    /// (an upgrade in flight) it stays at the last version they all ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,
 

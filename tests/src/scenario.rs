@@ -187,3 +187,20 @@ pub fn cluster_version(fleet: &Fleet, workload: &str, name: &str, ordinal: u32) 
         })
         .context("no etcd_cluster_version metric")
 }
+
+/// A fleet of `workloads` with `clusters` created and converged, and the
+/// controller that converged them.
+pub async fn running(
+    workloads: &[&str],
+    clusters: &[EtcdCluster],
+) -> Result<(Fleet, TestController)> {
+    let fleet = Fleet::new(workloads).await?;
+    let mut ctl = controller(&fleet);
+    for c in clusters {
+        create(&fleet, c).await?;
+    }
+    let names: Vec<String> = clusters.iter().map(kube::ResourceExt::name_any).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    converge_all(&fleet, &mut ctl, &names).await?;
+    Ok((fleet, ctl))
+}

@@ -17,7 +17,7 @@ use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, veri
 use etcdfleet_tests::fleet::{Fleet, KubeconfigFault};
 use etcdfleet_tests::scenario::{
     NS, WORKLOAD_NS, cluster, controller, converge_all, create, etcd_of, get, put, read_everywhere,
-    set_replicas,
+    running, set_replicas,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
@@ -134,10 +134,7 @@ async fn a_converged_cluster_costs_no_write_and_few_reads() -> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let mut ctl = controller(&fleet);
-    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
     fleet.sync_all().await?;
     fleet.clear_ops();
     let outcome = ctl.reconcile(NS, "etcd-a").await?;
@@ -167,10 +164,7 @@ async fn a_wiped_member_is_replaced_without_losing_an_acknowledged_write() -> Re
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let mut ctl = controller(&fleet);
-    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, mut ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
     let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
     let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -291,13 +285,16 @@ async fn an_unreachable_workload_cluster_is_reported_while_the_others_converge()
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a", "b", "c"]).await?;
-    let mut ctl = controller(&fleet);
-    for w in ["a", "b", "c"] {
-        create(&fleet, &cluster(&format!("etcd-{w}"), w, 1, "3.5.1")).await?;
-    }
+    let (fleet, mut ctl) = running(
+        &["a", "b", "c"],
+        &[
+            cluster("etcd-a", "a", 1, "3.5.1"),
+            cluster("etcd-b", "b", 1, "3.5.1"),
+            cluster("etcd-c", "c", 1, "3.5.1"),
+        ],
+    )
+    .await?;
     let all = [(NS, "etcd-a"), (NS, "etcd-b"), (NS, "etcd-c")];
-    converge_all(&fleet, &mut ctl, &names(&all)).await?;
 
     // b's API fails; a and c are scaled and converge; b is left alone.
     fleet.set_unreachable("b", true);
@@ -418,10 +415,7 @@ async fn deleting_a_cluster_removes_workload_objects_but_keeps_the_pvcs() -> Res
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let mut ctl = controller(&fleet);
-    create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
     let c = get(&fleet, "etcd-a").await?;
     assert!(
         c.metadata
@@ -482,10 +476,7 @@ async fn deletion_completes_when_the_workload_cluster_is_gone() -> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let mut ctl = controller(&fleet);
-    create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
     let mut deleting = get(&fleet, "etcd-a").await?;
     deleting.metadata.deletion_timestamp = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),

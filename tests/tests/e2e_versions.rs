@@ -21,7 +21,7 @@ use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, veri
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::scenario::{
     NS, WORKLOAD_NS, cluster, cluster_version, controller, converge_all, create, etcd_of,
-    fast_raft, get, patch_spec, put, read_everywhere,
+    fast_raft, get, patch_spec, put, read_everywhere, running,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -65,10 +65,7 @@ async fn a_rolling_upgrade_from_3_4_to_3_5_loses_no_write_across_controller_rest
     if !require_both() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let mut ctl = controller(&fleet);
-    create(&fleet, &cluster("etcd-a", "a", 3, "3.4.23")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, mut ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.4.23")]).await?;
     let before = get(&fleet, "etcd-a").await?;
     assert_eq!(
         before.status.as_ref().unwrap().current_version.as_deref(),
@@ -172,11 +169,14 @@ async fn rejected_version_changes_touch_nothing() -> Result<()> {
     if !require_both() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let mut ctl = controller(&fleet);
-    create(&fleet, &cluster("old", "a", 1, "3.4.23")).await?;
-    create(&fleet, &cluster("new", "a", 1, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["old", "new"]).await?;
+    let (fleet, ctl) = running(
+        &["a"],
+        &[
+            cluster("old", "a", 1, "3.4.23"),
+            cluster("new", "a", 1, "3.5.1"),
+        ],
+    )
+    .await?;
     let images_before = pod_images(&fleet, "a").await?;
 
     for (name, version, reason, words) in [
@@ -433,11 +433,14 @@ async fn a_controller_upgrade_changes_nothing_until_a_cr_changes() -> Result<()>
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a", "b"]).await?;
-    let mut ctl = controller(&fleet);
-    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    create(&fleet, &cluster("etcd-b", "b", 1, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a", "etcd-b"]).await?;
+    let (fleet, mut ctl) = running(
+        &["a", "b"],
+        &[
+            cluster("etcd-a", "a", 3, "3.5.1"),
+            cluster("etcd-b", "b", 1, "3.5.1"),
+        ],
+    )
+    .await?;
 
     let next = RenderProfile {
         extra_pod_labels: BTreeMap::from([(
