@@ -5,6 +5,7 @@ pub mod crd;
 pub mod dialer;
 pub mod etcd;
 pub mod etcdcluster;
+pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod pki;

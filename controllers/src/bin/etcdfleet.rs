@@ -23,12 +23,12 @@ use etcdfleet_controllers::connector::{
 };
 use etcdfleet_controllers::dialer::DirectDialer;
 use etcdfleet_controllers::etcdcluster::{self, Context};
+use etcdfleet_controllers::http::{Health, serve_http};
 use etcdfleet_controllers::leader::LeaderElector;
 use etcdfleet_controllers::metrics::Metrics;
 use futures::StreamExt;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
@@ -197,13 +197,6 @@ fn init_tracing(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-}
-
-/// Liveness and readiness as the HTTP endpoints report them.
-#[derive(Default)]
-struct Health {
-    /// The controllers run (and, with leader election, this replica leads).
-    ready: AtomicBool,
 }
 
 async fn run(args: RunArgs) -> ExitCode {
@@ -382,66 +375,5 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// A minimal HTTP/1.1 server for `/metrics`, `/healthz` and `/readyz`: one
-/// request per connection, nothing else.
-async fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, health: Arc<Health>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        let health = health.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut len = 0;
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while len < buf.len() {
-                    match stream.read(&mut buf[len..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => len += n,
-                    }
-                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            })
-            .await;
-            if read.is_err() {
-                return;
-            }
-            let request = String::from_utf8_lossy(&buf[..len]);
-            let path = request
-                .lines()
-                .next()
-                .and_then(|l| l.split_whitespace().nth(1))
-                .unwrap_or("/");
-            let path = path.split('?').next().unwrap_or(path);
-            let (status, content_type, body) = match path {
-                "/metrics" => (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    metrics.encode(),
-                ),
-                "/healthz" | "/livez" => ("200 OK", "text/plain", "ok\n".to_string()),
-                "/readyz" if health.ready.load(Ordering::SeqCst) => {
-                    ("200 OK", "text/plain", "ready\n".to_string())
-                }
-                "/readyz" => (
-                    "503 Service Unavailable",
-                    "text/plain",
-                    "not ready (not running or not the leader)\n".to_string(),
-                ),
-                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        });
     }
 }
