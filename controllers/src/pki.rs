@@ -28,6 +28,8 @@ pub enum PkiError {
     InvalidCa(rcgen::Error),
     #[error("signing failed: {0}")]
     Signing(#[from] rcgen::Error),
+    #[error("could not parse certificate: {0}")]
+    InvalidCertificate(String),
 }
 
 impl PkiError {
@@ -39,6 +41,7 @@ impl PkiError {
             PkiError::ZeroValidity => "ZeroValidity",
             PkiError::InvalidCa(_) => "InvalidCa",
             PkiError::Signing(_) => "SigningFailed",
+            PkiError::InvalidCertificate(_) => "InvalidCertificate",
         }
     }
 }
@@ -216,6 +219,21 @@ fn name(common_name: &str) -> DistinguishedName {
     dn
 }
 
+/// How long the certificate in `cert_pem` stays valid from now (zero once it
+/// expired), read from its `notAfter`.
+pub fn remaining_validity(cert_pem: &str) -> Result<std::time::Duration> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
+        .map_err(|e| PkiError::InvalidCertificate(e.to_string()))?;
+    let cert = pem
+        .parse_x509()
+        .map_err(|e| PkiError::InvalidCertificate(e.to_string()))?;
+    let not_after = cert.validity().not_after.timestamp();
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    Ok(std::time::Duration::from_secs(
+        u64::try_from(not_after - now).unwrap_or_default(),
+    ))
+}
+
 fn set_validity(params: &mut CertificateParams, days: u32) -> Result<()> {
     if days == 0 {
         return Err(PkiError::ZeroValidity);
@@ -225,6 +243,24 @@ fn set_validity(params: &mut CertificateParams, days: u32) -> Result<()> {
     params.not_before = now - time::Duration::minutes(5);
     params.not_after = now + time::Duration::days(i64::from(days));
     Ok(())
+}
+
+#[cfg(test)]
+mod renewal_tests {
+    use super::*;
+
+    #[test]
+    fn remaining_validity_reads_not_after() {
+        let ca = CertificateAuthority::generate("ca").unwrap();
+        let leaf = ca.issue(&LeafSpec::client("c", 10)).unwrap();
+        let left = remaining_validity(&leaf.cert_pem).unwrap();
+        let ten_days = std::time::Duration::from_secs(10 * 86400);
+        assert!(
+            left <= ten_days && left > ten_days - std::time::Duration::from_secs(60),
+            "{left:?}"
+        );
+        assert!(remaining_validity("not a certificate").is_err());
+    }
 }
 
 #[cfg(test)]

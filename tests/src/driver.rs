@@ -35,6 +35,7 @@ pub fn fast_settings() -> ReconcilerSettings {
         },
         requeue_converged: Duration::from_secs(30),
         requeue_progress: Duration::from_millis(300),
+        cert_renew_before: Duration::from_secs(30 * 86400),
     }
 }
 

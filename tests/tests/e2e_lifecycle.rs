@@ -607,3 +607,68 @@ async fn a_nospace_alarm_is_reported_and_recovered() -> Result<()> {
     kv.put("after-recovery", "ok", None).await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn certificates_near_expiry_are_reissued_and_members_restart_with_them() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, _) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    let secrets: Api<Secret> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let cert_of = |s: Secret| s.data.unwrap()["tls.crt"].0.clone();
+    let server_before = cert_of(secrets.get("etcd-a-etcd-server-tls").await?);
+    let peer_before = cert_of(secrets.get("etcd-a-etcd-peer-tls").await?);
+
+    // Leaves are valid 365 days: a controller that renews 400 days ahead sees
+    // every leaf as expiring.
+    let mut settings = fast_settings();
+    settings.cert_renew_before = Duration::from_secs(400 * 86400);
+    let eager = TestController::new(
+        fleet.management(),
+        fleet.client_factory(),
+        fleet.dialer(),
+        settings,
+    );
+    let outcome = eager.reconcile(NS, "etcd-a").await?;
+    assert_eq!(
+        outcome,
+        Outcome::Acted(Step::WriteObjects(vec![
+            etcdfleet_controllers::etcdcluster::plan::ObjectKind::Pki,
+            etcdfleet_controllers::etcdcluster::plan::ObjectKind::ServerTlsSecret,
+            etcdfleet_controllers::etcdcluster::plan::ObjectKind::PeerTlsSecret,
+        ]))
+    );
+    assert_ne!(
+        cert_of(secrets.get("etcd-a-etcd-server-tls").await?),
+        server_before
+    );
+    assert_ne!(
+        cert_of(secrets.get("etcd-a-etcd-peer-tls").await?),
+        peer_before
+    );
+
+    // With the normal window nothing is due; members restarted onto the new
+    // certificates rejoin, and the controller reaches them with its new identity.
+    let mut ctl = controller(&fleet);
+    for pod in ["etcd-a-etcd-0", "etcd-a-etcd-1", "etcd-a-etcd-2"] {
+        fleet
+            .runtime("a")
+            .kill_pod_process(WORKLOAD_NS, pod)
+            .await?;
+        converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+        let status = get(&fleet, "etcd-a").await?.status.unwrap();
+        assert_eq!(status.ready_members, 3, "{pod} rejoined: {status:#?}");
+    }
+    // Let the restarted members' reported sizes settle, then nothing is due.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+    fleet.clear_ops();
+    assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+    assert!(
+        fleet.writes().iter().all(|o| o.cluster == "management" && o.verb == "patch_status"),
+        "only observed status may change: {:?}",
+        fleet.writes()
+    );
+    put(&fleet, "a", "etcd-a", 3, "after-renewal").await?;
+    Ok(())
+}

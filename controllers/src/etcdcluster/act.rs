@@ -361,7 +361,10 @@ async fn write_object(
         source,
     };
     match kind {
-        ObjectKind::Pki => create_pki(cluster, ctx, names).await,
+        ObjectKind::Pki => match &observed.pki {
+            Some(pki) => renew_client_identity(cluster, ctx, names, pki).await,
+            None => create_pki(cluster, ctx, names).await,
+        },
         ObjectKind::Namespace => {
             match Api::<Namespace>::all(client)
                 .create(&PostParams::default(), &render::namespace(inputs))
@@ -455,6 +458,37 @@ async fn write_object(
             .map_err(err)
         }
     }
+}
+
+/// Reissues the controller's client certificate (same CA) in the PKI Secret.
+async fn renew_client_identity(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    names: &Names,
+    pki: &super::observe::Pki,
+) -> Result<()> {
+    let client = pki.ca.issue(&LeafSpec::client(
+        "etcdfleet-controller",
+        CERT_VALIDITY_DAYS,
+    ))?;
+    let patch = serde_json::json!({
+        "data": {
+            PKI_CLIENT_CERT: ByteString(client.cert_pem.into_bytes()),
+            PKI_CLIENT_KEY: ByteString(client.key_pem.into_bytes()),
+        }
+    });
+    Api::<Secret>::namespaced(
+        ctx.management.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    )
+    .patch(
+        &names.pki_secret(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(Error::ManagementApi)?;
+    Ok(())
 }
 
 /// Creates the management-side PKI Secret: a CA for this etcd cluster and the

@@ -54,6 +54,9 @@ pub struct ReconcilerSettings {
     pub requeue_converged: Duration,
     /// Requeue while a step is in progress or the planner waits.
     pub requeue_progress: Duration,
+    /// Leaf certificates (server, peer, the controller's client identity) are
+    /// reissued when they expire within this long. Leaves are valid 365 days.
+    pub cert_renew_before: Duration,
 }
 
 impl Default for ReconcilerSettings {
@@ -72,6 +75,7 @@ impl Default for ReconcilerSettings {
             },
             requeue_converged: Duration::from_secs(60),
             requeue_progress: Duration::from_secs(2),
+            cert_renew_before: Duration::from_secs(30 * 86400),
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::connector::WorkloadCluster;
 use crate::etcd::{
     ClusterClient, ClusterHealth, EtcdConfig, TlsMaterial, observe as observe_member,
 };
-use crate::pki::CertificateAuthority;
+use crate::pki::{CertificateAuthority, remaining_validity};
 use crate::render::{self, Names, RenderInputs};
 
 /// Annotation on a member PVC naming the etcd member id (hex) whose data it holds.
@@ -136,7 +136,15 @@ pub async fn observe(
     } else {
         None
     };
-    if inputs.tls && pki.is_none() {
+    let renew_before = ctx.settings.cert_renew_before;
+    let fresh_cert = |pem: Option<&str>| {
+        pem.is_some_and(|pem| remaining_validity(pem).is_ok_and(|left| left > renew_before))
+    };
+    if inputs.tls
+        && !pki
+            .as_ref()
+            .is_some_and(|p| fresh_cert(Some(&p.client_cert_pem)))
+    {
         stale.push(ObjectKind::Pki);
     }
 
@@ -157,6 +165,7 @@ pub async fn observe(
                         && pki.as_ref().is_some_and(|p| {
                             secret_str(&s, "ca.crt").as_deref() == Some(p.ca.cert_pem())
                         })
+                        && fresh_cert(secret_str(&s, "tls.crt").as_deref())
                 }
                 None => false,
             };
