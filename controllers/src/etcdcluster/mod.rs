@@ -194,6 +194,16 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<A
     ctx.metrics
         .observe_reconcile(started.elapsed(), outcome.as_ref().err().map(Error::reason));
     let outcome = outcome?;
+    // A workload cluster in backoff is retried when its backoff ends (sooner
+    // than the converged poll), never in a tight loop.
+    if let Outcome::Blocked(_) = outcome
+        && let Some(location) = KubeconfigLocation::of(&cluster)
+        && let Some(remaining) = ctx.connector.backoff_remaining(&location)
+    {
+        return Ok(Action::requeue(
+            remaining.max(ctx.settings.requeue_progress),
+        ));
+    }
     Ok(requeue_for(&outcome, &ctx.settings, &cluster))
 }
 
@@ -400,4 +410,45 @@ pub async fn publish(
 /// Current time as a Kubernetes `Time`.
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_spreads_polls_within_twenty_percent_and_is_stable() {
+        let base = Duration::from_secs(60);
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..50 {
+            let key = format!("cluster-{i}");
+            let d = jitter(base, &key);
+            assert!(d >= base * 8 / 10 && d < base * 12 / 10, "{d:?}");
+            assert_eq!(d, jitter(base, &key), "stable per cluster");
+            seen.insert(d);
+        }
+        assert!(seen.len() > 10, "spread: {seen:?}");
+    }
+
+    #[test]
+    fn requeue_is_soon_while_acting_and_slow_when_converged() {
+        let settings = ReconcilerSettings::default();
+        let cluster = EtcdCluster::new("c", Default::default());
+        let converged = requeue_for(&Outcome::Converged, &settings, &cluster);
+        let acted = requeue_for(
+            &Outcome::Acted(Step::AddLearner { ordinal: 1 }),
+            &settings,
+            &cluster,
+        );
+        assert_eq!(acted, Action::requeue(Duration::from_millis(200)));
+        assert_eq!(
+            requeue_for(&Outcome::Waiting("x".into()), &settings, &cluster),
+            Action::requeue(settings.requeue_progress)
+        );
+        assert_ne!(converged, acted);
+        assert_eq!(
+            requeue_for(&Outcome::Deleted, &settings, &cluster),
+            Action::await_change()
+        );
+    }
 }
