@@ -29,3 +29,4 @@ demo: tools
 
 bench: tools
 	cargo bench -p etcdfleet-tests --bench scale_out
+	cargo bench -p etcdfleet-tests --bench reconcile

@@ -665,7 +665,10 @@ async fn certificates_near_expiry_are_reissued_and_members_restart_with_them() -
     fleet.clear_ops();
     assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
     assert!(
-        fleet.writes().iter().all(|o| o.cluster == "management" && o.verb == "patch_status"),
+        fleet
+            .writes()
+            .iter()
+            .all(|o| o.cluster == "management" && o.verb == "patch_status"),
         "only observed status may change: {:?}",
         fleet.writes()
     );
