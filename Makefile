@@ -8,9 +8,9 @@ export ETCDFLEET_REQUIRE_ETCD ?= 1
 tools:
 	./hack/install-tools.sh
 
+# cargo-nextest comes from crates.io when missing (the test runner).
 rust-tools:
 	@command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
-	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 
 # nextest runs every test (unit, integration, end to end) each in its own
 # process, so a test's etcd processes never outlive it. The crates have no doc tests.
