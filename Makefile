@@ -8,7 +8,7 @@ export ETCDFLEET_REQUIRE_ETCD ?= 1
 tools:
 	./hack/install-tools.sh
 
-# cargo-nextest comes from crates.io when missing (the test runner).
+# cargo-nextest (the test runner) is installed with `cargo install` when missing.
 rust-tools:
 	@command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 
