@@ -158,33 +158,52 @@ pub struct EtcdProcess {
 }
 
 impl EtcdProcess {
+    /// Runs `spec.binary`; with a `hosts_file`, in a private mount namespace
+    /// (see [`spawn_with_mounts`](Self::spawn_with_mounts)).
     pub fn spawn(spec: &ProcessSpec) -> Result<EtcdProcess> {
+        if spec.hosts_file.is_some() {
+            return Self::spawn_with_mounts(spec, &[]);
+        }
+        let mut cmd = Command::new(&spec.binary);
+        cmd.args(&spec.args);
+        Self::launch(cmd, spec)
+    }
+
+    /// Like [`spawn`](Self::spawn), but always in a private mount namespace
+    /// (`unshare -m`) where `spec.hosts_file` (if any) is bind-mounted over
+    /// `/etc/hosts` and each `(source, target)` directory of `mounts` is
+    /// bind-mounted onto `target`, in order (parents first). Targets must
+    /// exist. Used by the workload runtime for pod volumes.
+    pub fn spawn_with_mounts(
+        spec: &ProcessSpec,
+        mounts: &[(PathBuf, PathBuf)],
+    ) -> Result<EtcdProcess> {
+        // $1 is the hosts file ("" for none), then source/target pairs up to
+        // "--", then the program; `exec` keeps the pid, group and death signal.
+        let script = r#"set -e
+h="$1"; shift
+if [ -n "$h" ]; then mount --bind "$h" /etc/hosts; fi
+while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done
+shift
+exec "$@""#;
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "sh", "-c", script, "sh"])
+            .arg(spec.hosts_file.as_deref().unwrap_or(Path::new("")));
+        for (source, target) in mounts {
+            cmd.arg(source).arg(target);
+        }
+        cmd.arg("--").arg(&spec.binary).args(&spec.args);
+        Self::launch(cmd, spec)
+    }
+
+    /// Starts `cmd` with the spec's env and log, in its own process group,
+    /// killed when the spawning thread dies.
+    fn launch(mut cmd: Command, spec: &ProcessSpec) -> Result<EtcdProcess> {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&spec.log_file)
             .with_context(|| format!("opening {}", spec.log_file.display()))?;
-        let mut cmd = match &spec.hosts_file {
-            None => {
-                let mut cmd = Command::new(&spec.binary);
-                cmd.args(&spec.args);
-                cmd
-            }
-            Some(hosts) => {
-                // `exec` keeps the pid (and so the group and death signal).
-                let mut cmd = Command::new("unshare");
-                cmd.args([
-                    "-m",
-                    "sh",
-                    "-c",
-                    r#"mount --bind "$0" /etc/hosts && exec "$@""#,
-                ])
-                .arg(hosts)
-                .arg(&spec.binary)
-                .args(&spec.args);
-                cmd
-            }
-        };
         cmd.envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -202,59 +221,6 @@ impl EtcdProcess {
         let child = cmd
             .spawn()
             .with_context(|| format!("spawning {}", spec.binary.display()))?;
-        Ok(EtcdProcess {
-            pid: child.id(),
-            child: Mutex::new(child),
-            log_file: spec.log_file.clone(),
-        })
-    }
-
-    /// Like [`spawn`](Self::spawn), but always in a private mount namespace
-    /// (`unshare -m`) where `spec.hosts_file` (if any) is bind-mounted over
-    /// `/etc/hosts` and each `(source, target)` directory of `mounts` is
-    /// bind-mounted onto `target`, in order (parents first). Targets must
-    /// exist. Used by the workload runtime for pod volumes.
-    pub fn spawn_with_mounts(
-        spec: &ProcessSpec,
-        mounts: &[(PathBuf, PathBuf)],
-    ) -> Result<EtcdProcess> {
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&spec.log_file)
-            .with_context(|| format!("opening {}", spec.log_file.display()))?;
-        // $1 is the hosts file ("" for none), then source/target pairs up to
-        // "--", then the program; `exec` keeps the pid, group and death signal.
-        let script = r#"set -e
-h="$1"; shift
-if [ -n "$h" ]; then mount --bind "$h" /etc/hosts; fi
-while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done
-shift
-exec "$@""#;
-        let mut cmd = Command::new("unshare");
-        cmd.args(["-m", "sh", "-c", script, "sh"])
-            .arg(spec.hosts_file.as_deref().unwrap_or(Path::new("")));
-        for (source, target) in mounts {
-            cmd.arg(source).arg(target);
-        }
-        cmd.arg("--").arg(&spec.binary).args(&spec.args);
-        cmd.envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .process_group(0);
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("spawning {} under unshare", spec.binary.display()))?;
         Ok(EtcdProcess {
             pid: child.id(),
             child: Mutex::new(child),
