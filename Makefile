@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools lint crds demo bench
+.PHONY: test tools rust-tools lint crds demo bench fresh-machine-check
 
 tools:
 	./hack/install-tools.sh
@@ -30,3 +30,9 @@ demo: tools
 bench: tools
 	cargo bench -p etcdfleet-tests --bench scale_out
 	cargo bench -p etcdfleet-tests --bench reconcile
+
+# Removes what `make test` installs (Debian packages, .tools/), then runs
+# .ci/run in a fresh clone with an empty target dir: the install step from
+# scratch. Changes the machine; see the script's header.
+fresh-machine-check:
+	./hack/fresh-machine-check.sh

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Checks the install step from scratch, as on a fresh machine:
+#   1. removes what `make test` installs (the Debian packages and .tools/);
+#   2. clones the committed HEAD into a temporary directory;
+#   3. runs `bash .ci/run` there with an empty cargo target directory.
+# It changes the machine (packages are removed, then reinstalled by the run):
+# do not run it while other test runs on this machine need etcd.
+#
+#   ./hack/fresh-machine-check.sh            # uninstall, clone, run CI
+#   ./hack/fresh-machine-check.sh --uninstall-only
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+
+# Everything hack/install-tools.sh installs. util-linux and iproute2 are part
+# of a minimal Debian system and stay.
+packages=(protobuf-compiler libprotobuf-dev etcd-server etcd-client)
+
+echo "fresh-machine: removing ${packages[*]} and $root/.tools"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get purge -y -qq "${packages[@]}" >/dev/null 2>&1 || true
+"${sudo_cmd[@]}" apt-get autoremove -y -qq >/dev/null 2>&1 || true
+rm -rf "$root/.tools"
+for p in "${packages[@]}"; do
+  if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    echo "fresh-machine: $p is still installed" >&2
+    exit 1
+  fi
+done
+if command -v protoc >/dev/null 2>&1 || [ -e /usr/include/google/protobuf/descriptor.proto ] || [ -e /usr/bin/etcd ]; then
+  echo "fresh-machine: protoc, the protobuf includes or etcd are still present" >&2
+  exit 1
+fi
+[ "${1:-}" = "--uninstall-only" ] && exit 0
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+git clone -q "$root" "$work/etcdfleet"
+cd "$work/etcdfleet"
+echo "fresh-machine: running .ci/run in $work/etcdfleet (HEAD $(git rev-parse --short HEAD)) with an empty target dir"
+start=$(date +%s)
+CARGO_TARGET_DIR="$work/target" CI=true bash .ci/run </dev/null
+echo "fresh-machine: .ci/run passed in $(($(date +%s) - start)) s"
