@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools lint crds demo bench
+.PHONY: test tools rust-tools lint crds demo bench bench-backup
 
 tools:
 	./hack/install-tools.sh
@@ -30,3 +30,7 @@ demo: tools
 bench: tools
 	cargo bench -p etcdfleet-tests --bench scale_out
 	cargo bench -p etcdfleet-tests --bench reconcile
+
+# Peak RSS of the backup path streaming a >= 512 MiB snapshot (prints the figure).
+bench-backup: tools
+	cargo test --workspace --test backup_memory -- --ignored --nocapture streaming_a_large_snapshot
