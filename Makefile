@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools lint crds demo bench fresh-machine-check
+.PHONY: test tools rust-tools lint crds demo bench bench-backup fresh-machine-check
 
 tools:
 	./hack/install-tools.sh
@@ -36,3 +36,7 @@ bench: tools
 # scratch. Changes the machine; see the script's header.
 fresh-machine-check:
 	./hack/fresh-machine-check.sh
+
+# Peak RSS of the backup path streaming a >= 512 MiB snapshot (prints the figure).
+bench-backup: tools
+	cargo test --workspace --test backup_memory -- --ignored --nocapture streaming_a_large_snapshot

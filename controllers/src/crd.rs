@@ -5,7 +5,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, EtcdTemplate};
+use etcdfleet_api::{
+    ClusterEtcdTemplate, EtcdBackup, EtcdBackupSchedule, EtcdCluster, EtcdTemplate,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
@@ -22,6 +24,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         EtcdCluster::crd(),
         EtcdTemplate::crd(),
         ClusterEtcdTemplate::crd(),
+        EtcdBackup::crd(),
+        EtcdBackupSchedule::crd(),
     ]
 }
 

@@ -1,6 +1,7 @@
 //! Prometheus metrics of the controller: reconciles, failures by reason,
 //! reconcile and step durations, steps by kind and outcome, planner answers,
-//! and clusters by condition. Exposed as text on `/metrics`.
+//! and clusters by condition; backups: age of the newest successful backup,
+//! its size, backup durations and failures. Exposed as text on `/metrics`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -43,6 +44,17 @@ struct ConditionLabels {
     status: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    cluster: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterReasonLabels {
+    cluster: String,
+    reason: String,
+}
+
 /// The controller's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -54,6 +66,11 @@ pub struct Metrics {
     plans: Family<PlanLabels, Counter>,
     clusters: Family<ConditionLabels, Gauge>,
     cluster_conditions: Mutex<HashMap<String, Vec<(String, String)>>>,
+    backup_age: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    backup_last_success: Mutex<HashMap<String, std::time::SystemTime>>,
+    backup_size: Family<ClusterLabels, Gauge>,
+    backup_duration: Histogram,
+    backup_failures: Family<ClusterReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -105,6 +122,30 @@ impl Metrics {
             "EtcdClusters by condition and status",
             clusters.clone(),
         );
+        let backup_age = Family::default();
+        let backup_size = Family::default();
+        let backup_duration = Histogram::new(exponential_buckets(0.1, 2.0, 14));
+        let backup_failures = Family::default();
+        registry.register(
+            "backup_age_seconds",
+            "Age of the newest successful backup, by cluster (namespace/name)",
+            backup_age.clone(),
+        );
+        registry.register(
+            "backup_size_bytes",
+            "Size of the newest successful backup, by cluster",
+            backup_size.clone(),
+        );
+        registry.register(
+            "backup_duration_seconds",
+            "Duration of a successful backup (stream, upload, verification)",
+            backup_duration.clone(),
+        );
+        registry.register(
+            "backup_failures",
+            "Failed backup attempts, by cluster and reason",
+            backup_failures.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -115,6 +156,11 @@ impl Metrics {
             plans,
             clusters,
             cluster_conditions: Mutex::new(HashMap::new()),
+            backup_age,
+            backup_last_success: Mutex::new(HashMap::new()),
+            backup_size,
+            backup_duration,
+            backup_failures,
         }
     }
 
@@ -189,8 +235,46 @@ impl Metrics {
         }
     }
 
+    /// A backup of `cluster` (`namespace/name`) succeeded.
+    pub fn observe_backup_success(&self, cluster: &str, size_bytes: u64, took: Duration) {
+        self.backup_last_success
+            .lock()
+            .expect("metrics lock poisoned")
+            .insert(cluster.to_string(), std::time::SystemTime::now());
+        self.backup_size
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_string(),
+            })
+            .set(size_bytes as i64);
+        self.backup_duration.observe(took.as_secs_f64());
+    }
+
+    /// A backup attempt of `cluster` failed with `reason`.
+    pub fn observe_backup_failure(&self, cluster: &str, reason: &str) {
+        self.backup_failures
+            .get_or_create(&ClusterReasonLabels {
+                cluster: cluster.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
+        // Ages are computed when scraped, so they grow between backups.
+        for (cluster, at) in self
+            .backup_last_success
+            .lock()
+            .expect("metrics lock poisoned")
+            .iter()
+        {
+            let age = at.elapsed().unwrap_or_default().as_secs_f64();
+            self.backup_age
+                .get_or_create(&ClusterLabels {
+                    cluster: cluster.clone(),
+                })
+                .set(age);
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
@@ -247,6 +331,17 @@ mod tests {
             text.contains(r#"etcdfleet_clusters{condition="Available",status="True"} 2"#),
             "{text}"
         );
+        m.observe_backup_success("a/x", 4096, Duration::from_secs(2));
+        m.observe_backup_failure("a/x", "ObjectStoreError");
+        let text = m.encode();
+        for want in [
+            r#"etcdfleet_backup_size_bytes{cluster="a/x"} 4096"#,
+            r#"etcdfleet_backup_failures_total{cluster="a/x",reason="ObjectStoreError"} 1"#,
+            r#"etcdfleet_backup_age_seconds{cluster="a/x"} 0."#,
+            "etcdfleet_backup_duration_seconds_count 1",
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
         // A deleted cluster is forgotten.
         m.set_cluster_conditions("a/y", None);
         assert!(

@@ -492,6 +492,54 @@ impl kube::Resource for EtcdClusterKind {
     }
 }
 
+/// [`EtcdClusterKind`] for any custom resource (backups register their
+/// status subresource through it).
+#[derive(serde::Serialize)]
+pub struct KindOf<K> {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    #[serde(skip)]
+    metadata: ObjectMeta,
+    #[serde(skip)]
+    _kind: std::marker::PhantomData<K>,
+}
+
+impl<K: kube::Resource<DynamicType = ()>> Default for KindOf<K> {
+    fn default() -> Self {
+        KindOf {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            metadata: ObjectMeta::default(),
+            _kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K: kube::Resource<DynamicType = ()>> kube::Resource for KindOf<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 async fn management_api(namespace: &str) -> Result<Client> {
     let ns = Namespace {
         metadata: ObjectMeta {
@@ -505,6 +553,10 @@ async fn management_api(namespace: &str) -> Result<Client> {
         .with_status_subresource::<EtcdClusterKind>()
         .with_resource::<EtcdTemplate>()
         .with_resource::<ClusterEtcdTemplate>()
+        .with_resource::<etcdfleet_api::EtcdBackup>()
+        .with_status_subresource::<KindOf<etcdfleet_api::EtcdBackup>>()
+        .with_resource::<etcdfleet_api::EtcdBackupSchedule>()
+        .with_status_subresource::<KindOf<etcdfleet_api::EtcdBackupSchedule>>()
         .with_resource::<Secret>()
         .with_resource::<k8s_openapi::api::events::v1::Event>()
         .with_resource::<k8s_openapi::api::core::v1::Event>()

@@ -4,4 +4,5 @@ pub mod etcd_harness;
 pub mod fleet;
 pub mod namespaces;
 pub mod runtime;
+pub mod s3;
 pub mod scenario;

@@ -16,7 +16,7 @@ fn repo_root() -> PathBuf {
 fn committed_crds_match_the_types() {
     let dir = repo_root().join("config/crd");
     let files = crd::render_files().expect("CRDs render");
-    assert_eq!(files.len(), 4, "three CRDs and a kustomization");
+    assert_eq!(files.len(), 6, "five CRDs and a kustomization");
     for file in files {
         let path = dir.join(&file.file_name);
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
@@ -62,7 +62,9 @@ fn crdgen_stream_holds_every_crd() {
         [
             "etcdclusters.etcdfleet.dev",
             "etcdtemplates.etcdfleet.dev",
-            "clusteretcdtemplates.etcdfleet.dev"
+            "clusteretcdtemplates.etcdfleet.dev",
+            "etcdbackups.etcdfleet.dev",
+            "etcdbackupschedules.etcdfleet.dev"
         ]
     );
 }
@@ -80,6 +82,11 @@ const CRD_NAMES: [&str; 3] = [
     "etcdclusters.etcdfleet.dev",
     "etcdtemplates.etcdfleet.dev",
     "clusteretcdtemplates.etcdfleet.dev",
+];
+
+const BACKUP_CRD_NAMES: [&str; 2] = [
+    "etcdbackups.etcdfleet.dev",
+    "etcdbackupschedules.etcdfleet.dev",
 ];
 
 /// Keys a schema inside `anyOf`/`oneOf`/`allOf`/`not` must not carry in a
@@ -167,7 +174,7 @@ fn check_junctor(node: &Value, path: &str, errors: &mut Vec<String>) {
 
 #[test]
 fn every_schema_is_structural() {
-    for name in CRD_NAMES {
+    for name in CRD_NAMES.into_iter().chain(BACKUP_CRD_NAMES) {
         let crd = crd_json(name);
         for version in crd["spec"]["versions"].as_array().unwrap() {
             let schema = &version["schema"]["openAPIV3Schema"];
@@ -471,4 +478,131 @@ fn cel_rules_apply_to_templates_too() {
     assert!(old.validate_cel().is_ok());
     let result = new.validate_cel_update(&old);
     assert!(result.is_ok(), "{}", messages(result));
+}
+
+// ---- backups ----
+
+#[test]
+fn backup_crds_are_namespaced_with_status_and_columns() {
+    let backup = crd_json("etcdbackups.etcdfleet.dev");
+    assert_eq!(backup["spec"]["scope"], "Namespaced");
+    let v = &backup["spec"]["versions"][0];
+    assert!(v["subresources"]["status"].is_object());
+    let columns: Vec<&str> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(columns, ["Cluster", "Phase", "Size", "Revision", "Age"]);
+
+    let schedule = crd_json("etcdbackupschedules.etcdfleet.dev");
+    assert_eq!(schedule["spec"]["scope"], "Namespaced");
+    let v = &schedule["spec"]["versions"][0];
+    assert!(v["subresources"]["status"].is_object());
+    let columns: Vec<&str> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Cluster",
+            "Schedule",
+            "Suspend",
+            "LastSuccess",
+            "NextRun",
+            "Age"
+        ]
+    );
+}
+
+fn backup(spec: &str) -> etcdfleet_api::EtcdBackup {
+    serde_yaml::from_str(&format!(
+        "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdBackup\nmetadata: {{name: b, namespace: n}}\nspec:\n{spec}"
+    ))
+    .unwrap()
+}
+
+fn backup_schedule(spec: &str) -> etcdfleet_api::EtcdBackupSchedule {
+    serde_yaml::from_str(&format!(
+        "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdBackupSchedule\nmetadata: {{name: s, namespace: n}}\nspec:\n{spec}"
+    ))
+    .unwrap()
+}
+
+#[test]
+fn cel_backup_destination_is_a_bucket_or_a_path_and_spec_is_immutable() {
+    const DEST_MSG: &str =
+        "exactly one of bucket (S3-compatible store) or path (local directory) must be set";
+    assert!(
+        backup("  clusterName: shop\n  destination: {bucket: b}\n")
+            .validate_cel()
+            .is_ok()
+    );
+    assert!(
+        backup("  clusterName: shop\n  destination: {path: /var/backups}\n")
+            .validate_cel()
+            .is_ok()
+    );
+    assert!(backup("  clusterName: shop\n").validate_cel().is_ok());
+    for bad in ["{}", "{bucket: b, path: /x}"] {
+        let msg = messages(
+            backup(&format!("  clusterName: shop\n  destination: {bad}\n")).validate_cel(),
+        );
+        assert!(msg.contains(DEST_MSG), "{bad}: {msg}");
+    }
+    let msg =
+        messages(backup("  clusterName: shop\n  destination: {path: relative}\n").validate_cel());
+    assert!(msg.contains("path must be absolute"), "{msg}");
+    let msg = messages(backup("  clusterName: ''\n").validate_cel());
+    assert!(msg.contains("clusterName must not be empty"), "{msg}");
+
+    let old = backup("  clusterName: shop\n");
+    let retargeted = backup("  clusterName: other\n");
+    let msg = messages(retargeted.validate_cel_update(&old));
+    assert!(msg.contains("spec of an EtcdBackup is immutable"), "{msg}");
+    assert!(old.validate_cel_update(&old).is_ok());
+}
+
+#[test]
+fn cel_backup_schedule_fields() {
+    assert!(
+        backup_schedule(
+            "  clusterName: shop\n  schedule: '0 */6 * * *'\n  retention: {count: 3, maxAge: 72h}\n"
+        )
+        .validate_cel()
+        .is_ok()
+    );
+    let cases = [
+        (
+            "  clusterName: shop\n  schedule: '@daily'\n",
+            "schedule must have five space-separated cron fields",
+        ),
+        (
+            "  clusterName: shop\n  schedule: '0 0 * * * *'\n",
+            "schedule must have five space-separated cron fields",
+        ),
+        (
+            "  clusterName: shop\n  retention: {count: 0}\n",
+            "retention.count must be at least 1",
+        ),
+        (
+            "  clusterName: shop\n  retention: {maxAge: 3w}\n",
+            "retention.maxAge must be a positive whole number",
+        ),
+        (
+            "  clusterName: shop\n  destination: {}\n",
+            "exactly one of bucket",
+        ),
+    ];
+    for (spec, expected) in cases {
+        let msg = messages(backup_schedule(spec).validate_cel());
+        assert!(msg.contains(expected), "{spec}: {msg}");
+    }
+    // The cluster's backup defaults carry the same rules.
+    let msg = messages(with_ref("  backup: {retentionMaxAge: 0h}\n").validate_cel());
+    assert!(msg.contains("must be a positive whole number"), "{msg}");
 }

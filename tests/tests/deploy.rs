@@ -169,10 +169,25 @@ fn cluster_role_is_least_privilege() {
         verbs("coordination.k8s.io", "leases").is_empty(),
         "leases belong in the namespaced Role, not the ClusterRole"
     );
+    // Backups: schedules create EtcdBackups and delete the ones retention prunes.
+    assert_eq!(
+        verbs("etcdfleet.dev", "etcdbackups"),
+        ["create", "delete", "get", "list", "watch"]
+    );
+    assert_eq!(
+        verbs("etcdfleet.dev", "etcdbackupschedules"),
+        ["get", "list", "watch"]
+    );
+    for sub in ["etcdbackups/status", "etcdbackupschedules/status"] {
+        assert_eq!(verbs("etcdfleet.dev", sub), ["patch", "update"], "{sub}");
+    }
     for ((g, r), v) in &grants {
+        if r == "etcdbackups" {
+            continue;
+        }
         assert!(
             !v.iter().any(|v| v == "delete" || v == "deletecollection"),
-            "{g}/{r}: the management side never deletes"
+            "{g}/{r}: the management side deletes nothing but pruned EtcdBackups"
         );
     }
 

@@ -144,6 +144,8 @@ fn every_sample_parses_and_passes_cel() {
             "EtcdCluster" => load::<EtcdCluster>(&path).validate_cel(),
             "EtcdTemplate" => load::<EtcdTemplate>(&path).validate_cel(),
             "ClusterEtcdTemplate" => load::<ClusterEtcdTemplate>(&path).validate_cel(),
+            "EtcdBackupSchedule" => load::<etcdfleet_api::EtcdBackupSchedule>(&path).validate_cel(),
+            "EtcdBackup" => load::<etcdfleet_api::EtcdBackup>(&path).validate_cel(),
             other => panic!("{}: unexpected kind {other:?}", path.display()),
         };
         assert!(

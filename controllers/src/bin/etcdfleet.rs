@@ -349,7 +349,9 @@ async fn run(args: RunArgs) -> ExitCode {
     });
     health.ready.store(true, Ordering::SeqCst);
     info!("controller running");
-    futures::future::join_all(controllers).await;
+    // Backups and schedules share the cluster reconciler's context (clients, dialer, metrics).
+    let backups = etcdfleet_controllers::backup::run(ctx.clone(), &config.namespaces, &shutdown);
+    futures::future::join(futures::future::join_all(controllers), backups).await;
     health.ready.store(false, Ordering::SeqCst);
 
     if lease_lost.load(Ordering::SeqCst) {

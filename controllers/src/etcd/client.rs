@@ -685,6 +685,14 @@ impl MemberClient {
         })
     }
 
+    /// The store revision this member has applied (from the header of its
+    /// `Status` answer): a snapshot started after this holds at least it.
+    pub async fn revision(&self) -> Result<i64> {
+        let mut c = self.client.clone();
+        let resp = with_deadline("status", self.config.deadlines.request, None, c.status()).await?;
+        Ok(resp.header().map(|h| h.revision()).unwrap_or_default())
+    }
+
     /// Healthy means this member answers a linearizable read within the
     /// health deadline, which needs it to be connected to a quorum with a
     /// leader (as `etcdctl endpoint health`). "Permission denied" counts as

@@ -1,0 +1,322 @@
+//! The EtcdBackup and EtcdBackupSchedule reconcilers. One backup reconcile:
+//!
+//! ```text
+//! observe → the backup, its cluster, other backups of that cluster (read only)
+//! plan    → take now, wait (backoff, another backup running), or done (pure, `plan`)
+//! act     → stream a snapshot from a healthy member into a multipart upload,
+//!           verify it, store the metadata object (`act`)
+//! report  → status, conditions, events, metrics (`status`)
+//! ```
+//!
+//! A backup only reads from etcd: it never takes a member down and never
+//! changes membership, so it does not count against quorum guards.
+
+pub mod act;
+pub mod plan;
+pub mod schedule;
+pub mod status;
+pub mod store;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcdfleet_api::backup::phase;
+use etcdfleet_api::conditions::{self, AVAILABLE};
+use etcdfleet_api::{EtcdBackup, EtcdCluster};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::Action;
+use tracing::warn;
+
+use crate::etcdcluster;
+use plan::{BackupObservation, BackupPlan};
+
+/// The time source of the backup reconcilers (tests move it forward).
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// Wall-clock time.
+pub fn system_clock() -> Clock {
+    Arc::new(Timestamp::now)
+}
+
+/// Everything a backup reconcile needs. The cluster reconciler's context
+/// provides the management client, the workload connector, the etcd dialer,
+/// deadlines, metrics and the event recorder.
+pub struct Context {
+    pub cluster: Arc<etcdcluster::Context>,
+    pub clock: Clock,
+    /// Clusters (`namespace/name`) with a backup streaming in this process.
+    busy_clusters: Mutex<HashSet<String>>,
+}
+
+impl Context {
+    pub fn new(cluster: Arc<etcdcluster::Context>) -> Self {
+        Self::with_clock(cluster, system_clock())
+    }
+
+    pub fn with_clock(cluster: Arc<etcdcluster::Context>, clock: Clock) -> Self {
+        Context {
+            cluster,
+            clock,
+            busy_clusters: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+
+    fn is_busy(&self, key: &str) -> bool {
+        self.busy_clusters
+            .lock()
+            .expect("backup lock poisoned")
+            .contains(key)
+    }
+
+    /// Marks a cluster busy until the guard drops; `None` if it already is.
+    fn claim(&self, key: &str) -> Option<BusyGuard<'_>> {
+        let mut busy = self.busy_clusters.lock().expect("backup lock poisoned");
+        busy.insert(key.to_string()).then(|| BusyGuard {
+            ctx: self,
+            key: key.to_string(),
+        })
+    }
+}
+
+struct BusyGuard<'a> {
+    ctx: &'a Context,
+    key: String,
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut busy) = self.ctx.busy_clusters.lock() {
+            busy.remove(&self.key);
+        }
+    }
+}
+
+/// Failures of a reconcile itself (a failed backup attempt is not one: it
+/// is recorded in the backup's status and retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("management API: {0}")]
+    ManagementApi(#[source] kube::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What one backup reconcile did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    Waiting { why: String, after: Duration },
+    Succeeded { object_key: String },
+    AttemptFailed { reason: String, message: String },
+}
+
+/// A running backup whose start is older than this was left by a controller
+/// that stopped mid-stream: it no longer blocks others and is retried.
+fn stale_after(ctx: &Context) -> Duration {
+    ctx.cluster.settings.etcd_deadlines.snapshot + Duration::from_secs(120)
+}
+
+/// Why `cluster` cannot be backed up now, if it cannot.
+pub fn cluster_not_ready(cluster: Option<&EtcdCluster>, name: &str) -> Option<String> {
+    let Some(cluster) = cluster else {
+        return Some(format!("EtcdCluster {name} not found"));
+    };
+    let status = cluster.status.as_ref();
+    if cluster.spec.template_ref.is_some()
+        && (status.and_then(|s| s.template.as_ref()).is_none()
+            || cluster
+                .annotations()
+                .contains_key(etcdcluster::resolve::REBASE_ANNOTATION))
+    {
+        return Some(format!(
+            "EtcdCluster {name} has not resolved its template yet"
+        ));
+    }
+    let available = status.is_some_and(|s| conditions::is_true(&s.conditions, AVAILABLE));
+    (!available).then(|| format!("EtcdCluster {name} is not Available"))
+}
+
+/// Entry point for kube-runtime's `Controller`.
+pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
+    Ok(match reconcile_backup(&backup, &ctx).await? {
+        Outcome::Done => Action::await_change(),
+        Outcome::Waiting { after, .. } => Action::requeue(after.max(Duration::from_millis(200))),
+        Outcome::Succeeded { .. } => Action::await_change(),
+        Outcome::AttemptFailed { .. } => Action::requeue(Duration::from_secs(1)),
+    })
+}
+
+/// `error_policy` for the `Controller`.
+pub fn error_policy(backup: Arc<EtcdBackup>, err: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(backup = %backup.name_any(), error = %err, "backup reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// One reconcile of one EtcdBackup.
+pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outcome> {
+    let ns = backup.namespace().unwrap_or_default();
+    let cluster_name = &backup.spec.cluster_name;
+    let cluster_key = format!("{ns}/{cluster_name}");
+    let status = backup.status.clone().unwrap_or_default();
+    if matches!(
+        status.phase.as_deref(),
+        Some(phase::SUCCEEDED) | Some(phase::FAILED)
+    ) {
+        return Ok(Outcome::Done);
+    }
+    let mgmt = &ctx.cluster.management;
+
+    // observe
+    let cluster = Api::<EtcdCluster>::namespaced(mgmt.clone(), &ns)
+        .get_opt(cluster_name)
+        .await
+        .map_err(Error::ManagementApi)?;
+    if let Some(owns) = &ctx.cluster.owner_filter
+        && let Some(c) = &cluster
+        && !owns(c)
+    {
+        return Ok(Outcome::Waiting {
+            why: "the cluster is not owned by this controller".into(),
+            after: Duration::from_secs(300),
+        });
+    }
+    let now = ctx.now();
+    let stale = stale_after(ctx);
+    let others = Api::<EtcdBackup>::namespaced(mgmt.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::ManagementApi)?;
+    let other_running = others
+        .items
+        .iter()
+        .filter(|b| b.name_any() != backup.name_any() && &b.spec.cluster_name == cluster_name)
+        .find(|b| {
+            let s = b.status.as_ref();
+            s.and_then(|s| s.phase.as_deref()) == Some(phase::RUNNING)
+                && s.and_then(|s| s.started_at.as_ref())
+                    .is_some_and(|t| now.as_second() - t.0.as_second() < stale.as_secs() as i64)
+        })
+        .map(|b| b.name_any());
+    // Our own `Running` status with no stream here is one a stopped
+    // controller left: the planner takes it again as the next attempt.
+    let observation = BackupObservation {
+        phase: status.phase.clone(),
+        attempts: status.attempts,
+        next_attempt_at: status.next_attempt_at.as_ref().map(|t| t.0),
+        now,
+        cluster_not_ready: cluster_not_ready(cluster.as_ref(), cluster_name),
+        other_running: other_running.or_else(|| {
+            ctx.is_busy(&cluster_key)
+                .then(|| "another (in this controller)".to_string())
+        }),
+    };
+
+    // plan
+    match plan::plan_backup(&observation) {
+        BackupPlan::Done => Ok(Outcome::Done),
+        BackupPlan::Wait { why, after } => {
+            status::waiting(backup, ctx, &why).await?;
+            Ok(Outcome::Waiting { why, after })
+        }
+        BackupPlan::Take { attempt } => {
+            let Some(_guard) = ctx.claim(&cluster_key) else {
+                return Ok(Outcome::Waiting {
+                    why: "another backup of this cluster started".into(),
+                    after: Duration::from_secs(5),
+                });
+            };
+            let Some(cluster) = cluster else {
+                return Ok(Outcome::Done);
+            };
+            // act
+            status::running(backup, ctx, attempt, now).await?;
+            let started = std::time::Instant::now();
+            let result = act::take(backup, &cluster, ctx, now).await;
+            // report
+            match result {
+                Ok(taken) => {
+                    ctx.cluster.metrics.observe_backup_success(
+                        &cluster_key,
+                        taken.size_bytes,
+                        started.elapsed(),
+                    );
+                    let key = taken.object_key.clone();
+                    status::succeeded(backup, &cluster, ctx, attempt, taken, started.elapsed())
+                        .await?;
+                    Ok(Outcome::Succeeded { object_key: key })
+                }
+                Err(e) => {
+                    ctx.cluster
+                        .metrics
+                        .observe_backup_failure(&cluster_key, e.reason());
+                    status::attempt_failed(backup, &cluster, ctx, attempt, &e).await?;
+                    Ok(Outcome::AttemptFailed {
+                        reason: e.reason().to_string(),
+                        message: e.to_string(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Runs the EtcdBackup and EtcdBackupSchedule controllers (all namespaces,
+/// or the given ones) until `shutdown()` resolves. Owner filtering follows
+/// the cluster reconciler's: a backup of a cluster another controller owns
+/// is left alone.
+pub async fn run<F, Fut>(cluster_ctx: Arc<etcdcluster::Context>, namespaces: &[String], shutdown: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
+    use etcdfleet_api::EtcdBackupSchedule;
+    use futures::{FutureExt, StreamExt};
+    use kube::runtime::{Controller, watcher};
+
+    let ctx = Arc::new(Context::new(cluster_ctx));
+    let client = ctx.cluster.management.clone();
+    let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    let mut runs = Vec::new();
+    for ns in scopes {
+        let backups: Api<EtcdBackup> = match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let schedules: Api<EtcdBackupSchedule> = match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        runs.push(FutureExt::boxed(
+            Controller::new(backups, watcher::Config::default())
+                .graceful_shutdown_on(shutdown())
+                .run(reconcile, error_policy, ctx.clone())
+                .for_each(|r| async move {
+                    if let Err(e) = r {
+                        warn!(error = %e, "backup reconcile failed");
+                    }
+                }),
+        ));
+        runs.push(FutureExt::boxed(
+            Controller::new(schedules, watcher::Config::default())
+                .graceful_shutdown_on(shutdown())
+                .run(schedule::reconcile, schedule::error_policy, ctx.clone())
+                .for_each(|r| async move {
+                    if let Err(e) = r {
+                        warn!(error = %e, "backup schedule reconcile failed");
+                    }
+                }),
+        ));
+    }
+    futures::future::join_all(runs).await;
+}

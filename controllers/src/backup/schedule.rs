@@ -1,0 +1,429 @@
+//! The EtcdBackupSchedule reconciler: creates an `EtcdBackup` when a
+//! scheduled time has come (after a controller restart, at most one
+//! catch-up: the newest missed time), prunes backups beyond retention (the
+//! objects first, then the `EtcdBackup`), and reports last success, last
+//! failure and next run. One step per reconcile.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcdfleet_api::backup::{
+    BackupConfigError, BackupRecord, CLUSTER_LABEL, Retention, SCHEDULE_LABEL,
+    SCHEDULED_TIME_ANNOTATION, condition, due_run, metadata_key, next_run, parse_schedule, phase,
+    resolve_destination, scheduled_backup_name, select_for_pruning,
+};
+use etcdfleet_api::conditions::{self as conds, set_condition};
+use etcdfleet_api::{
+    EtcdBackup, EtcdBackupSchedule, EtcdBackupScheduleStatus, EtcdBackupSpec, EtcdCluster,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use tracing::warn;
+
+use super::store::{Store, read_credentials};
+use super::{Context, Error, Result};
+
+/// What the schedule planner needs to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleObservation {
+    /// The scheduled time due now, if any (see `etcdfleet_api::backup::due_run`).
+    pub due: Option<Timestamp>,
+    pub suspended: bool,
+    /// A backup of this schedule still pending or running.
+    pub active: Option<String>,
+    /// Backups retention removes, oldest first.
+    pub prune: Vec<String>,
+}
+
+/// The next step of a schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchedulePlan {
+    Create(Timestamp),
+    Prune(String),
+    Idle,
+}
+
+/// Creating on time comes first; a due time waits while a backup of this
+/// schedule is still active (one backup at a time), then runs once.
+pub fn plan_schedule(o: &ScheduleObservation) -> SchedulePlan {
+    if let Some(t) = o.due
+        && !o.suspended
+        && o.active.is_none()
+    {
+        return SchedulePlan::Create(t);
+    }
+    match o.prune.first() {
+        Some(name) => SchedulePlan::Prune(name.clone()),
+        None => SchedulePlan::Idle,
+    }
+}
+
+/// What one schedule reconcile did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleOutcome {
+    Created(String),
+    Pruned(String),
+    Idle { next_run: Option<Timestamp> },
+    Invalid(String),
+}
+
+/// Entry point for kube-runtime's `Controller`.
+pub async fn reconcile(schedule: Arc<EtcdBackupSchedule>, ctx: Arc<Context>) -> Result<Action> {
+    let now = ctx.now();
+    Ok(match reconcile_schedule(&schedule, &ctx).await? {
+        ScheduleOutcome::Created(_) | ScheduleOutcome::Pruned(_) => {
+            Action::requeue(Duration::from_millis(200))
+        }
+        // Also polls the backups it made, to report their outcome.
+        ScheduleOutcome::Idle { next_run } => {
+            let until = next_run
+                .map(|t| {
+                    Duration::from_millis((t.as_millisecond() - now.as_millisecond()).max(0) as u64)
+                })
+                .unwrap_or(Duration::from_secs(30));
+            Action::requeue(until.clamp(Duration::from_secs(1), Duration::from_secs(30)))
+        }
+        ScheduleOutcome::Invalid(_) => Action::requeue(Duration::from_secs(60)),
+    })
+}
+
+/// `error_policy` for the `Controller`.
+pub fn error_policy(schedule: Arc<EtcdBackupSchedule>, err: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(schedule = %schedule.name_any(), error = %err, "backup schedule reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn record_time(b: &EtcdBackup) -> Timestamp {
+    b.annotations()
+        .get(SCHEDULED_TIME_ANNOTATION)
+        .and_then(|t| t.parse().ok())
+        .or_else(|| b.meta().creation_timestamp.as_ref().map(|t| t.0))
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// One reconcile of one EtcdBackupSchedule.
+pub async fn reconcile_schedule(
+    schedule: &EtcdBackupSchedule,
+    ctx: &Context,
+) -> Result<ScheduleOutcome> {
+    let ns = schedule.namespace().unwrap_or_default();
+    let name = schedule.name_any();
+    let mgmt = &ctx.cluster.management;
+    let now = ctx.now();
+    let old = schedule.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    status.observed_generation = schedule.meta().generation;
+
+    // resolve: the schedule's fields, else the cluster's `spec.backup`.
+    let cluster = Api::<EtcdCluster>::namespaced(mgmt.clone(), &ns)
+        .get_opt(&schedule.spec.cluster_name)
+        .await
+        .map_err(Error::ManagementApi)?;
+    if let Some(owns) = &ctx.cluster.owner_filter
+        && let Some(c) = &cluster
+        && !owns(c)
+    {
+        return Ok(ScheduleOutcome::Invalid(
+            "not owned by this controller".into(),
+        ));
+    }
+    let defaults = cluster.as_ref().and_then(|c| c.spec.config.backup.as_ref());
+    let resolved = (|| {
+        let text = schedule
+            .spec
+            .schedule
+            .clone()
+            .or_else(|| defaults.and_then(|d| d.schedule.clone()))
+            .ok_or(BackupConfigError::NoSchedule)?;
+        let cron = parse_schedule(&text)?;
+        let retention = Retention::resolve(schedule.spec.retention.as_ref(), defaults)?;
+        let destination = resolve_destination(schedule.spec.destination.as_ref(), defaults)?;
+        Ok::<_, BackupConfigError>((text, cron, retention, destination))
+    })();
+    let (text, cron, retention, destination) = match resolved {
+        Ok(r) => r,
+        Err(e) => {
+            let reason = match e {
+                BackupConfigError::NoSchedule => "NoSchedule",
+                BackupConfigError::NoDestination => "NoDestination",
+                _ => "InvalidSchedule",
+            };
+            set_condition(
+                &mut status.conditions,
+                conds::condition(
+                    condition::SCHEDULED,
+                    false,
+                    reason,
+                    e.to_string(),
+                    schedule.meta().generation,
+                    Time(now),
+                ),
+            );
+            status.next_run_time = None;
+            write(ctx, schedule, &old, &status).await?;
+            return Ok(ScheduleOutcome::Invalid(e.to_string()));
+        }
+    };
+    status.schedule = Some(text.clone());
+
+    // observe: this schedule's backups.
+    let api: Api<EtcdBackup> = Api::namespaced(mgmt.clone(), &ns);
+    let mut backups: Vec<EtcdBackup> = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::ManagementApi)?
+        .items
+        .into_iter()
+        .filter(|b| b.labels().get(SCHEDULE_LABEL) == Some(&name))
+        .collect();
+    backups.sort_by_key(record_time);
+    let records: Vec<BackupRecord> = backups
+        .iter()
+        .map(|b| BackupRecord {
+            name: b.name_any(),
+            created: record_time(b),
+            phase: b.status.as_ref().and_then(|s| s.phase.clone()),
+        })
+        .collect();
+    let by_name: BTreeMap<String, &EtcdBackup> =
+        backups.iter().map(|b| (b.name_any(), b)).collect();
+    for b in backups.iter().rev() {
+        let s = b.status.as_ref();
+        match s.and_then(|s| s.phase.as_deref()) {
+            Some(phase::SUCCEEDED)
+                if status.last_success_time.as_ref().is_none_or(|t| {
+                    s.and_then(|s| s.completed_at.as_ref())
+                        .is_some_and(|c| c.0 > t.0)
+                }) =>
+            {
+                status.last_successful_backup = Some(b.name_any());
+                status.last_success_time = s.and_then(|s| s.completed_at.clone());
+            }
+            Some(phase::FAILED)
+                if status.last_failure_time.as_ref().is_none_or(|t| {
+                    s.and_then(|s| s.completed_at.as_ref())
+                        .is_some_and(|c| c.0 > t.0)
+                }) =>
+            {
+                status.last_failed_backup = Some(b.name_any());
+                status.last_failure_time = s.and_then(|s| s.completed_at.clone());
+            }
+            _ => {}
+        }
+    }
+    let since = old
+        .last_schedule_time
+        .as_ref()
+        .map(|t| t.0)
+        .or_else(|| schedule.meta().creation_timestamp.as_ref().map(|t| t.0))
+        .unwrap_or(now);
+    let observation = ScheduleObservation {
+        due: due_run(&cron, since, now),
+        suspended: schedule.spec.suspend == Some(true),
+        active: records
+            .iter()
+            .find(|r| {
+                !matches!(
+                    r.phase.as_deref(),
+                    Some(phase::SUCCEEDED) | Some(phase::FAILED)
+                )
+            })
+            .map(|r| r.name.clone()),
+        prune: select_for_pruning(&records, retention, now),
+    };
+
+    // plan → act
+    let outcome = match plan_schedule(&observation) {
+        SchedulePlan::Create(at) => {
+            let backup_name = scheduled_backup_name(&name, at);
+            let backup = EtcdBackup {
+                metadata: ObjectMeta {
+                    name: Some(backup_name.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: Some(
+                        [
+                            (SCHEDULE_LABEL.to_string(), name.clone()),
+                            (
+                                CLUSTER_LABEL.to_string(),
+                                schedule.spec.cluster_name.clone(),
+                            ),
+                        ]
+                        .into(),
+                    ),
+                    annotations: Some(
+                        [(SCHEDULED_TIME_ANNOTATION.to_string(), at.to_string())].into(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                // The destination resolved now: the backup stays where it
+                // went even if the cluster's defaults change later.
+                spec: EtcdBackupSpec {
+                    cluster_name: schedule.spec.cluster_name.clone(),
+                    destination: Some(destination.clone()),
+                },
+                status: None,
+            };
+            match api.create(&PostParams::default(), &backup).await {
+                // 409: a previous reconcile created it and lost the status write.
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(Error::ManagementApi(e)),
+            }
+            status.last_schedule_time = Some(Time(at));
+            ScheduleOutcome::Created(backup_name)
+        }
+        SchedulePlan::Prune(victim) => {
+            if let Some(b) = by_name.get(&victim) {
+                prune(ctx, &ns, b).await?;
+            }
+            ScheduleOutcome::Pruned(victim)
+        }
+        SchedulePlan::Idle => ScheduleOutcome::Idle {
+            next_run: next_run(&cron, now),
+        },
+    };
+
+    // report
+    let after = status
+        .last_schedule_time
+        .as_ref()
+        .map(|t| t.0.max(now))
+        .unwrap_or(now);
+    status.next_run_time = next_run(&cron, after).map(Time);
+    let message = if observation.suspended {
+        "suspended: no new backups; retention still prunes".to_string()
+    } else {
+        format!(
+            "{text}; {} backups kept",
+            records.len() - observation.prune.len().min(records.len())
+        )
+    };
+    set_condition(
+        &mut status.conditions,
+        conds::condition(
+            condition::SCHEDULED,
+            !observation.suspended,
+            if observation.suspended {
+                "Suspended"
+            } else {
+                "Scheduled"
+            },
+            message,
+            schedule.meta().generation,
+            Time(now),
+        ),
+    );
+    write(ctx, schedule, &old, &status).await?;
+    Ok(outcome)
+}
+
+/// Removes a backup's snapshot and metadata objects, then the `EtcdBackup`.
+/// If the objects cannot be removed the `EtcdBackup` stays (and says where
+/// they are), so nothing is orphaned silently.
+async fn prune(ctx: &Context, ns: &str, backup: &EtcdBackup) -> Result<()> {
+    let s = backup.status.as_ref();
+    if let (Some(destination), Some(key)) = (
+        s.and_then(|s| s.destination.as_ref()),
+        s.and_then(|s| s.object_key.as_ref()),
+    ) {
+        let removed = async {
+            let credentials = read_credentials(&ctx.cluster.management, ns, destination).await?;
+            let store = Store::open(destination, credentials.as_ref())?;
+            store.delete(key).await?;
+            store.delete(&metadata_key(key)).await
+        }
+        .await;
+        if let Err(e) = removed {
+            warn!(backup = %backup.name_any(), error = %e, "pruning: objects not removed, keeping the EtcdBackup");
+            return Ok(());
+        }
+    }
+    let api: Api<EtcdBackup> = Api::namespaced(ctx.cluster.management.clone(), ns);
+    match api
+        .delete(&backup.name_any(), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::ManagementApi(e)),
+    }
+}
+
+async fn write(
+    ctx: &Context,
+    schedule: &EtcdBackupSchedule,
+    old: &EtcdBackupScheduleStatus,
+    new: &EtcdBackupScheduleStatus,
+) -> Result<()> {
+    if old == new {
+        return Ok(());
+    }
+    let api: Api<EtcdBackupSchedule> = Api::namespaced(
+        ctx.cluster.management.clone(),
+        &schedule.namespace().unwrap_or_default(),
+    );
+    let mut patch = serde_json::to_value(new).unwrap_or_default();
+    if new.next_run_time.is_none()
+        && let Some(m) = patch.as_object_mut()
+    {
+        m.insert("nextRunTime".into(), serde_json::Value::Null);
+    }
+    api.patch_status(
+        &schedule.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "status": patch })),
+    )
+    .await
+    .map_err(Error::ManagementApi)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_planner_table() {
+        let t: Timestamp = "2026-11-22T06:00:00Z".parse().unwrap();
+        let o = |due, suspended, active: Option<&str>, prune: &[&str]| ScheduleObservation {
+            due,
+            suspended,
+            active: active.map(String::from),
+            prune: prune.iter().map(|s| s.to_string()).collect(),
+        };
+        let cases = [
+            (
+                "due: create",
+                o(Some(t), false, None, &["old"]),
+                SchedulePlan::Create(t),
+            ),
+            (
+                "suspended: prune only",
+                o(Some(t), true, None, &["old"]),
+                SchedulePlan::Prune("old".into()),
+            ),
+            (
+                "one backup at a time",
+                o(Some(t), false, Some("b"), &[]),
+                SchedulePlan::Idle,
+            ),
+            (
+                "nothing due, nothing to prune",
+                o(None, false, None, &[]),
+                SchedulePlan::Idle,
+            ),
+            (
+                "prune oldest first",
+                o(None, false, None, &["a", "b"]),
+                SchedulePlan::Prune("a".into()),
+            ),
+        ];
+        for (what, obs, want) in cases {
+            assert_eq!(plan_schedule(&obs), want, "{what}");
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! Backup destinations through `object_store`: an S3-compatible bucket or a
+//! local directory. Uploads stream through a multipart writer holding at most
+//! [`PART_SIZE`] × ([`UPLOAD_CONCURRENCY`] + 1) bytes, whatever the snapshot's
+//! size; reads stream too.
+
+use std::sync::Arc;
+
+use etcdfleet_api::ObjectStoreDestination;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use object_store::aws::AmazonS3Builder;
+use object_store::buffered::BufWriter;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use ring::digest::{Context as Digest, SHA256};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// Keys of the credentials Secret.
+pub const ACCESS_KEY_ID: &str = "accessKeyId";
+pub const SECRET_ACCESS_KEY: &str = "secretAccessKey";
+pub const SESSION_TOKEN: &str = "sessionToken";
+
+/// Size of one multipart part (S3 wants at least 5 MiB per part).
+pub const PART_SIZE: usize = 8 * 1024 * 1024;
+/// Parts in flight at once.
+pub const UPLOAD_CONCURRENCY: usize = 2;
+
+/// Failures of a destination.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("credentials Secret {0}: {1}")]
+    Credentials(String, String),
+    #[error("destination: {0}")]
+    Config(String),
+    #[error("object {key}: {source}")]
+    Object {
+        key: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("object {0} does not exist")]
+    NotFound(String),
+    #[error("object {key}: {message}")]
+    Integrity { key: String, message: String },
+    #[error("management API: {0}")]
+    Api(#[source] kube::Error),
+}
+
+impl StoreError {
+    /// Short reason for conditions and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StoreError::Credentials(..) => "CredentialsUnavailable",
+            StoreError::Config(_) => "InvalidDestination",
+            StoreError::Object { .. } => "ObjectStoreError",
+            StoreError::NotFound(_) => "ObjectNotFound",
+            StoreError::Integrity { .. } => "ChecksumMismatch",
+            StoreError::Api(_) => "ManagementAPIError",
+        }
+    }
+
+    fn object(key: &str, source: object_store::Error) -> Self {
+        match source {
+            object_store::Error::NotFound { .. } => StoreError::NotFound(key.to_string()),
+            source => StoreError::Object {
+                key: key.to_string(),
+                source,
+            },
+        }
+    }
+}
+
+/// S3 credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads the credentials Secret named by `destination` with one GET (never
+/// a list or watch: the controller reads only the Secrets it is pointed at).
+pub async fn read_credentials(
+    management: &kube::Client,
+    namespace: &str,
+    destination: &ObjectStoreDestination,
+) -> Result<Option<Credentials>, StoreError> {
+    let Some(name) = &destination.credentials_secret_name else {
+        return Ok(None);
+    };
+    let api: Api<Secret> = Api::namespaced(management.clone(), namespace);
+    let secret = api
+        .get_opt(name)
+        .await
+        .map_err(StoreError::Api)?
+        .ok_or_else(|| StoreError::Credentials(name.clone(), "not found".into()))?;
+    let value = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .and_then(|b| String::from_utf8(b.0.clone()).ok())
+    };
+    let (Some(access_key_id), Some(secret_access_key)) =
+        (value(ACCESS_KEY_ID), value(SECRET_ACCESS_KEY))
+    else {
+        return Err(StoreError::Credentials(
+            name.clone(),
+            format!("needs the keys {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}"),
+        ));
+    };
+    Ok(Some(Credentials {
+        access_key_id,
+        secret_access_key,
+        session_token: value(SESSION_TOKEN),
+    }))
+}
+
+/// An opened destination.
+#[derive(Clone, Debug)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    /// What the destination is, for messages (`s3://bucket`, `file:///dir`).
+    pub location: String,
+}
+
+impl Store {
+    /// Opens `destination` (no request is made yet).
+    pub fn open(
+        destination: &ObjectStoreDestination,
+        credentials: Option<&Credentials>,
+    ) -> Result<Store, StoreError> {
+        match (&destination.bucket, &destination.path) {
+            (Some(bucket), None) => {
+                let mut b = AmazonS3Builder::new()
+                    .with_bucket_name(bucket)
+                    .with_region(destination.region.as_deref().unwrap_or("us-east-1"))
+                    .with_virtual_hosted_style_request(
+                        !destination.force_path_style.unwrap_or(false),
+                    )
+                    .with_allow_http(destination.allow_http.unwrap_or(false));
+                if let Some(endpoint) = &destination.endpoint {
+                    b = b.with_endpoint(endpoint);
+                }
+                if let Some(c) = credentials {
+                    b = b
+                        .with_access_key_id(&c.access_key_id)
+                        .with_secret_access_key(&c.secret_access_key);
+                    if let Some(t) = &c.session_token {
+                        b = b.with_token(t);
+                    }
+                }
+                let store = b.build().map_err(|e| StoreError::Config(e.to_string()))?;
+                Ok(Store {
+                    inner: Arc::new(store),
+                    location: format!("s3://{bucket}"),
+                })
+            }
+            (None, Some(path)) => {
+                std::fs::create_dir_all(path)
+                    .map_err(|e| StoreError::Config(format!("directory {path}: {e}")))?;
+                let store = LocalFileSystem::new_with_prefix(path)
+                    .map_err(|e| StoreError::Config(e.to_string()))?;
+                Ok(Store {
+                    inner: Arc::new(store),
+                    location: format!("file://{path}"),
+                })
+            }
+            _ => Err(StoreError::Config(
+                "exactly one of bucket or path must be set".into(),
+            )),
+        }
+    }
+
+    /// A writer that uploads what it is given as a multipart upload (or one
+    /// PUT when it stays under one part). `shutdown` completes the upload;
+    /// [`Upload::abort`] cancels it.
+    pub fn upload(&self, key: &str) -> Upload {
+        Upload {
+            key: key.to_string(),
+            writer: BufWriter::with_capacity(self.inner.clone(), Path::from(key), PART_SIZE)
+                .with_max_concurrency(UPLOAD_CONCURRENCY),
+        }
+    }
+
+    /// Stores a small object in one PUT.
+    pub async fn put_small(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.inner
+            .put(&Path::from(key), PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|e| StoreError::object(key, e))
+    }
+
+    /// Reads a small object whole.
+    pub async fn get_small(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        let got = self
+            .inner
+            .get(&Path::from(key))
+            .await
+            .map_err(|e| StoreError::object(key, e))?;
+        got.bytes()
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|e| StoreError::object(key, e))
+    }
+
+    /// Streams an object through SHA-256 (and into `sink` when given);
+    /// returns its size and hex digest.
+    pub async fn read_through<W: AsyncWrite + Unpin>(
+        &self,
+        key: &str,
+        mut sink: Option<&mut W>,
+    ) -> Result<(u64, String), StoreError> {
+        let got = self
+            .inner
+            .get(&Path::from(key))
+            .await
+            .map_err(|e| StoreError::object(key, e))?;
+        let mut stream = got.into_stream();
+        let mut digest = Digest::new(&SHA256);
+        let mut size = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| StoreError::object(key, e))?;
+            digest.update(&chunk);
+            size += chunk.len() as u64;
+            if let Some(sink) = sink.as_deref_mut() {
+                sink.write_all(&chunk)
+                    .await
+                    .map_err(|e| StoreError::Integrity {
+                        key: key.to_string(),
+                        message: format!("writing the local copy: {e}"),
+                    })?;
+            }
+        }
+        if let Some(sink) = sink {
+            sink.flush().await.map_err(|e| StoreError::Integrity {
+                key: key.to_string(),
+                message: format!("writing the local copy: {e}"),
+            })?;
+        }
+        Ok((size, hex(digest.finish().as_ref())))
+    }
+
+    /// Checks that `key` holds exactly `size` bytes with SHA-256 `sha256`
+    /// (reads it back whole, streaming).
+    pub async fn verify(&self, key: &str, size: u64, sha256: &str) -> Result<(), StoreError> {
+        let (got_size, got_sha) = self.read_through::<tokio::io::Sink>(key, None).await?;
+        if got_size != size {
+            return Err(StoreError::Integrity {
+                key: key.to_string(),
+                message: format!("holds {got_size} bytes, expected {size}"),
+            });
+        }
+        if got_sha != sha256 {
+            return Err(StoreError::Integrity {
+                key: key.to_string(),
+                message: format!("SHA-256 is {got_sha}, expected {sha256}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Deletes an object; one that is already gone is fine.
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self.inner.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(StoreError::object(key, e)),
+        }
+    }
+
+    /// Whether `key` exists.
+    pub async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        match self.inner.head(&Path::from(key)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(StoreError::object(key, e)),
+        }
+    }
+}
+
+/// A streaming upload in progress.
+pub struct Upload {
+    pub key: String,
+    writer: BufWriter,
+}
+
+impl Upload {
+    pub fn writer(&mut self) -> &mut (impl AsyncWrite + Unpin) {
+        &mut self.writer
+    }
+
+    /// Completes the upload.
+    pub async fn finish(mut self) -> Result<(), StoreError> {
+        self.writer
+            .shutdown()
+            .await
+            .map_err(|e| StoreError::Object {
+                key: self.key.clone(),
+                source: object_store::Error::Generic {
+                    store: "upload",
+                    source: Box::new(e),
+                },
+            })
+    }
+
+    /// Cancels the upload (best effort: parts already sent are discarded by the store).
+    pub async fn abort(mut self) {
+        if let Err(e) = self.writer.abort().await {
+            tracing::warn!(key = %self.key, error = %e, "aborting a multipart upload failed");
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local(dir: &std::path::Path) -> Store {
+        Store::open(
+            &ObjectStoreDestination {
+                path: Some(dir.display().to_string()),
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_multipart_upload_reads_back_with_the_same_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = local(dir.path());
+        // Three parts and a bit, so the multipart path is taken.
+        let data: Vec<u8> = (0..(3 * PART_SIZE + 12345))
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut upload = store.upload("ns/c/x.db");
+        upload.writer().write_all(&data).await.unwrap();
+        upload.finish().await.unwrap();
+        let want = hex(ring::digest::digest(&SHA256, &data).as_ref());
+        store
+            .verify("ns/c/x.db", data.len() as u64, &want)
+            .await
+            .unwrap();
+        let err = store
+            .verify("ns/c/x.db", data.len() as u64, &"0".repeat(64))
+            .await
+            .unwrap_err();
+        assert_eq!(err.reason(), "ChecksumMismatch", "{err}");
+        let err = store.verify("ns/c/missing.db", 1, &want).await.unwrap_err();
+        assert_eq!(err.reason(), "ObjectNotFound", "{err}");
+        store.delete("ns/c/x.db").await.unwrap();
+        store.delete("ns/c/x.db").await.unwrap();
+        assert!(!store.exists("ns/c/x.db").await.unwrap());
+    }
+
+    #[test]
+    fn a_destination_is_a_bucket_or_a_path() {
+        let both = ObjectStoreDestination {
+            bucket: Some("b".into()),
+            path: Some("/tmp/x".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            Store::open(&both, None).unwrap_err().reason(),
+            "InvalidDestination"
+        );
+        let s3 = ObjectStoreDestination {
+            bucket: Some("b".into()),
+            endpoint: Some("http://127.0.0.1:9".into()),
+            allow_http: Some(true),
+            force_path_style: Some(true),
+            ..Default::default()
+        };
+        assert_eq!(Store::open(&s3, None).unwrap().location, "s3://b");
+    }
+}

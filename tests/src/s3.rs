@@ -1,0 +1,125 @@
+//! An S3-compatible server on loopback for the backup tests: `moto_server`
+//! (PyPI `moto[server]`, installed by hack/install-tools.sh) on a free port,
+//! stopped when dropped. The controller signs its requests (SigV4) with the
+//! credentials the tests put in a Secret; moto accepts any credentials.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use etcdfleet_api::ObjectStoreDestination;
+
+use crate::etcd_harness::free_ports;
+
+/// Credentials the tests configure (moto does not check them).
+pub const ACCESS_KEY_ID: &str = "etcdfleet-test";
+pub const SECRET_ACCESS_KEY: &str = "etcdfleet-test-secret";
+
+/// A running S3-compatible server.
+pub struct S3Server {
+    child: Child,
+    pub port: u16,
+    _log: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// Starts the server, or `None` after a loud `SKIPPED:` line when
+    /// `moto_server` is missing (a panic under `ETCDFLEET_REQUIRE_ETCD=1`).
+    pub fn start() -> Option<S3Server> {
+        let found = Command::new("moto_server")
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("unnamed test")
+                .to_string();
+            let message = format!(
+                "{test}: moto_server (PyPI moto[server]) not found (run hack/install-tools.sh)"
+            );
+            if std::env::var("ETCDFLEET_REQUIRE_ETCD").as_deref() == Ok("1") {
+                panic!("ETCDFLEET_REQUIRE_ETCD=1 but {message}");
+            }
+            eprintln!("SKIPPED: {message}");
+            return None;
+        }
+        match Self::launch() {
+            Ok(s) => Some(s),
+            Err(e) => panic!("moto_server is installed but did not start: {e:#}"),
+        }
+    }
+
+    fn launch() -> Result<S3Server> {
+        let port = free_ports(1)?[0];
+        let log = tempfile::tempdir()?;
+        let out = std::fs::File::create(log.path().join("moto.log"))?;
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .context("spawning moto_server")?;
+        let server = S3Server {
+            child,
+            port,
+            _log: log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(server);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("moto_server did not listen on port {port} within 20 s")
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Creates a bucket (moto accepts the unsigned `PUT /<bucket>`).
+    pub fn create_bucket(&self, bucket: &str) -> Result<()> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let status = response.lines().next().unwrap_or_default().to_string();
+        if !status.contains(" 200") {
+            bail!("creating bucket {bucket}: {status}");
+        }
+        Ok(())
+    }
+
+    /// A destination in `bucket` on this server (path-style, plain HTTP,
+    /// credentials from the Secret `credentials_secret`).
+    pub fn destination(&self, bucket: &str, credentials_secret: &str) -> ObjectStoreDestination {
+        ObjectStoreDestination {
+            bucket: Some(bucket.to_string()),
+            prefix: Some("backups".into()),
+            endpoint: Some(self.endpoint()),
+            region: Some("us-east-1".into()),
+            force_path_style: Some(true),
+            allow_http: Some(true),
+            credentials_secret_name: Some(credentials_secret.to_string()),
+            ..Default::default()
+        }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
