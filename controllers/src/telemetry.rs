@@ -136,14 +136,9 @@ pub fn init(format: LogFormat, config: &TracingConfig) -> Result<Telemetry, Stri
         target => Some(tracer_provider(&target)?),
     };
     let traces = provider.as_ref().map(|p| {
-        // Spans of our own crate at info; kube-client's per-request spans are
-        // at debug. Events are not exported (they are in the logs).
-        let span_filter = Targets::new()
-            .with_default(LevelFilter::INFO)
-            .with_target("kube_client::client::builder", LevelFilter::DEBUG);
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer("etcdfleet"))
-            .with_filter(span_filter)
+            .with_filter(trace_filter())
     });
     tracing_subscriber::registry()
         .with(logs)
@@ -151,6 +146,14 @@ pub fn init(format: LogFormat, config: &TracingConfig) -> Result<Telemetry, Stri
         .try_init()
         .map_err(|e| format!("installing the log subscriber: {e}"))?;
     Ok(Telemetry { provider })
+}
+
+/// What the trace layer takes: info and above, plus kube-client's
+/// per-request `HTTP` spans, which it opens at debug.
+fn trace_filter() -> Targets {
+    Targets::new()
+        .with_default(LevelFilter::INFO)
+        .with_target("kube_client::client::builder", LevelFilter::DEBUG)
 }
 
 fn tracer_provider(target: &Export) -> Result<SdkTracerProvider, String> {
@@ -246,6 +249,14 @@ mod tests {
             export_target(&configured, env(&[("OTEL_TRACES_EXPORTER", "none")])),
             Export::Off
         );
+    }
+
+    #[test]
+    fn trace_layer_takes_kube_client_request_spans_but_not_other_debug_spans() {
+        let filter = trace_filter();
+        assert!(filter.would_enable("kube_client::client::builder", &tracing::Level::DEBUG));
+        assert!(filter.would_enable("etcdfleet_controllers::etcdcluster", &tracing::Level::INFO));
+        assert!(!filter.would_enable("h2::codec", &tracing::Level::DEBUG));
     }
 
     #[test]
