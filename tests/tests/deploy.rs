@@ -81,7 +81,11 @@ fn every_yaml_under_config_parses_and_has_a_kind() {
 fn kustomizations_reference_existing_paths() {
     for (file, doc) in of_kind(&documents(), "Kustomization") {
         let dir = file.parent().unwrap();
+        // `bases` and `patchesStrategicMerge`: the fields kubectl 1.20's
+        // kustomize (Debian kubernetes-client) still understands.
         let mut paths = strings(&doc["resources"]);
+        paths.extend(strings(&doc["bases"]));
+        paths.extend(strings(&doc["patchesStrategicMerge"]));
         // configMapGenerator files: "key=path" or "path".
         for generator in doc["configMapGenerator"]
             .as_sequence()
@@ -414,7 +418,7 @@ fn stages_own_disjoint_clusters() {
         let k: Value =
             serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
                 .unwrap();
-        let resources = strings(&k["resources"]);
+        let resources = strings(&k["bases"]);
         assert_eq!(resources[0], "../../default", "{stage}");
         let scope: Vec<String> = if config.namespaces.is_empty() {
             vec!["../../rbac/all-namespaces".into()]
@@ -433,7 +437,7 @@ fn stages_own_disjoint_clusters() {
             )
             .unwrap();
             assert_eq!(inc["namespace"].as_str(), Some(ns.as_str()));
-            assert_eq!(strings(&inc["resources"]), ["../../../../rbac/namespace"]);
+            assert_eq!(strings(&inc["bases"]), ["../../../../rbac/namespace"]);
         }
         let tag = k["images"][0]["newTag"].as_str().unwrap().to_string();
         assert_eq!(
@@ -453,23 +457,21 @@ fn stages_own_disjoint_clusters() {
                 serde_yaml::from_str(&std::fs::read_to_string(dir.join("replicas.yaml")).unwrap())
                     .unwrap();
             assert_eq!(replicas["spec"]["replicas"].as_i64(), Some(2));
-            let patches = k["patches"].as_sequence().unwrap();
-            assert!(
-                patches
-                    .iter()
-                    .any(|p| p["path"].as_str() == Some("replicas.yaml"))
-            );
+            assert!(strings(&k["patchesStrategicMerge"]).contains(&"replicas.yaml".to_string()));
         }
     }
     tags.dedup();
     assert_eq!(tags.len(), 3, "each stage pins its own image tag: {tags:?}");
 }
 
-/// The documents `kubectl kustomize dir` renders; `None` (after printing
-/// SKIPPED, or failing under ETCDFLEET_REQUIRE_ETCD=1, which CI sets for the
-/// whole tool set) when no kubectl is installed.
+/// The documents `kubectl kustomize dir` renders (`$KUBECTL`, default
+/// `kubectl`: 1.20 from Debian and current releases both render the
+/// overlays); `None` (after printing SKIPPED, or failing under
+/// ETCDFLEET_REQUIRE_ETCD=1, which CI sets for the whole tool set) when no
+/// kubectl is installed.
 fn kustomize(dir: &Path) -> Option<Vec<Value>> {
-    let output = match std::process::Command::new("kubectl")
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let output = match std::process::Command::new(&kubectl)
         .arg("kustomize")
         .arg(dir)
         .output()
