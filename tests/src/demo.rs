@@ -30,6 +30,7 @@ use anyhow::{Context as _, Result, bail};
 use etcdfleet_api::conditions::{self, AVAILABLE, DEGRADED, PROGRESSING};
 use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, MemberStatus};
 use etcdfleet_controllers::etcdcluster::Outcome;
+use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step};
 use etcdfleet_controllers::render::Names;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -504,7 +505,7 @@ impl<'a, W: Write> Demo<'a, W> {
                             text: step.to_string(),
                         });
                         all_converged = false;
-                        let line = format!("{} {name:<9} {step}", self.stamp());
+                        let line = format!("{} {name:<9} {}", self.stamp(), plain(step));
                         self.log(line)?;
                         format!("acted: {step}")
                     }
@@ -756,6 +757,37 @@ fn check(
                 Ok(Some(id))
             }
         }
+    }
+}
+
+/// A step as a person reads it (the planner's own text names internal kinds).
+fn plain(step: &Step) -> String {
+    match step {
+        Step::WriteObjects(kinds) => {
+            let what: Vec<&str> = kinds
+                .iter()
+                .map(|k| match k {
+                    ObjectKind::Pki => "certificate authority",
+                    ObjectKind::Namespace => "namespace",
+                    ObjectKind::ServerTlsSecret => "server certificates",
+                    ObjectKind::PeerTlsSecret => "peer certificates",
+                    ObjectKind::PeerService => "peer service",
+                    ObjectKind::ClientService => "client service",
+                    ObjectKind::PodDisruptionBudget => "disruption budget",
+                    ObjectKind::MembersConfigMap => "member list",
+                    ObjectKind::StatefulSet => "StatefulSet",
+                })
+                .collect();
+            format!("write {}", what.join(", "))
+        }
+        Step::Bootstrap { replicas } => {
+            format!("start the cluster with {replicas} member(s)")
+        }
+        Step::ScaleStatefulSet { replicas } => format!("run {replicas} etcd pods"),
+        Step::RecordPvcMember { ordinal, member_id } => {
+            format!("label the data volume of pod {ordinal} with its member id {member_id:x}")
+        }
+        other => other.to_string(),
     }
 }
 
