@@ -8,6 +8,8 @@
 #     installed into Python) -> .tools/etcd-v3.5.1/;
 #   - util-linux (unshare) and iproute2, used by the end-to-end harness;
 #   - moto[server] (PyPI), an S3-compatible server the backup tests run on loopback.
+#   - kubectl (Debian kubernetes-client, unless a kubectl is already on PATH),
+#     whose `kubectl kustomize` renders the stage overlays in tests/tests/deploy.rs.
 # Then it proves each tool does its job (not just that it starts); a broken
 # install fails here, naming the package, before cargo starts.
 # Re-running it when everything is present does nothing but check.
@@ -36,6 +38,7 @@ protobuf_includes_present || need_apt+=(libprotobuf-dev)
 [ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v kubectl >/dev/null 2>&1 || need_apt+=(kubernetes-client)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-tools: installing Debian packages: ${need_apt[*]}"
@@ -129,3 +132,11 @@ kill "$moto_pid" 2>/dev/null || true
 wait "$moto_pid" 2>/dev/null || true
 [ "$moto_ok" = 1 ] || { tail -5 "$check_dir/moto.err" "$check_dir/moto.log" >&2; fail "moto_server does not serve signed S3 requests (PyPI moto[server])"; }
 echo "install-tools: ok moto_server $(python3 -c 'import moto; print(moto.__version__)') serves signed S3 requests"
+# kubectl must render every stage overlay offline (what deploy.rs tests).
+for stage in dev staging prod; do
+  kubectl kustomize "$root/config/stages/$stage" >/dev/null 2>"$check_dir/kustomize.err" || {
+    cat "$check_dir/kustomize.err" >&2
+    fail "kubectl kustomize cannot render config/stages/$stage (Debian package kubernetes-client)"
+  }
+done
+echo "install-tools: ok kubectl kustomize renders config/stages/{dev,staging,prod}"

@@ -110,6 +110,8 @@ pub struct ControllerConfig {
     pub leader_election: LeaderElectionConfig,
     pub metrics_address: String,
     pub log_format: LogFormat,
+    /// OpenTelemetry trace export (off unless an endpoint is set).
+    pub tracing: crate::telemetry::TracingConfig,
     /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
     #[serde(skip)]
     selector: LabelSelector,
@@ -127,6 +129,7 @@ impl Default for ControllerConfig {
             leader_election: LeaderElectionConfig::default(),
             metrics_address: "0.0.0.0:8080".into(),
             log_format: LogFormat::Text,
+            tracing: Default::default(),
             selector: LabelSelector::default(),
         }
     }

@@ -12,7 +12,8 @@
 //!    Available;
 //! 2. scales `search` from 1 to 3 members;
 //! 3. wipes the data volume of a `shop` follower and lets the controller
-//!    replace the failed member.
+//!    replace the failed member;
+//! 4. upgrades `payments` (created on etcd 3.4) to 3.5, one member at a time.
 //!
 //! Throughout, it prints the fleet as `kubectl get etcdclusters` plus
 //! `describe` would show it (read from `EtcdCluster.status` in the management
@@ -29,6 +30,7 @@ use anyhow::{Context as _, Result, bail};
 use etcdfleet_api::conditions::{self, AVAILABLE, DEGRADED, PROGRESSING};
 use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, MemberStatus};
 use etcdfleet_controllers::etcdcluster::Outcome;
+use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step};
 use etcdfleet_controllers::render::Names;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -157,6 +159,8 @@ pub async fn run_demo(out: &mut impl Write, options: DemoOptions) -> Result<Demo
 enum Goal {
     /// Every cluster Available with all desired members healthy voters.
     AllAvailable,
+    /// As `AllAvailable`, and `cluster` runs `version` on every member.
+    Version { cluster: String, version: String },
     /// As `AllAvailable`, and `member` of `cluster` is no longer `old_id`.
     Replaced {
         cluster: String,
@@ -242,13 +246,13 @@ impl<'a, W: Write> Demo<'a, W> {
             manifest(
                 "payments",
                 "ha-3",
-                "  # overrides of the template\n  storage: {size: 50Gi}\n  etcd: {heartbeatIntervalMillis: 50, electionTimeoutMillis: 500}\n",
+                "  # overrides of the template: etcd 3.4 (upgraded in phase 4)\n  version: 3.4.23\n  storage: {size: 50Gi}\n  etcd: {heartbeatIntervalMillis: 50, electionTimeoutMillis: 500}\n",
             ),
             manifest("search", "dev-single", ""),
         ];
         self.headline(
             "Create shop, payments and search from templates",
-            "shop: ha-3; payments: ha-3 + overrides (50Gi, heartbeat 50 ms / election 500 ms); search: dev-single",
+            "shop: ha-3; payments: ha-3 + overrides (etcd 3.4.23, 50Gi, heartbeat 50 ms / election 500 ms); search: dev-single",
         )?;
         if !self.options.live {
             for m in &manifests {
@@ -335,6 +339,24 @@ impl<'a, W: Write> Demo<'a, W> {
             healed.old_id,
             healed.new_id
         ))?;
+
+        // 4. Rolling upgrade of payments, 3.4 → 3.5.
+        self.headline(
+            "Upgrade payments from etcd 3.4.23 to 3.5.1",
+            "kubectl patch etcdcluster payments --type merge -p '{\"spec\":{\"version\":\"3.5.1\"}}': members restart onto 3.5 one at a time, followers first, each only after the previous one is healthy",
+        )?;
+        self.api()
+            .patch(
+                "payments",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "version": "3.5.1" } })),
+            )
+            .await?;
+        self.run_phase(Goal::Version {
+            cluster: "payments".into(),
+            version: "3.5.1".into(),
+        })
+        .await?;
 
         let clusters = self.clusters().await?;
         let reports = WORKLOADS
@@ -468,6 +490,7 @@ impl<'a, W: Write> Demo<'a, W> {
             let mut all_converged = true;
             for name in WORKLOADS {
                 // A reconcile may wait on etcd for seconds: ctrl-c does not.
+                let reconcile_started = Instant::now();
                 let outcome = tokio::select! {
                     outcome = self.ctl.reconcile(DEMO_NAMESPACE, name) => outcome,
                     () = cancelled(&self.options.cancel) => {
@@ -482,18 +505,18 @@ impl<'a, W: Write> Demo<'a, W> {
                             text: step.to_string(),
                         });
                         all_converged = false;
-                        let line = format!("{} {name:<9} {step}", self.stamp());
+                        let line = format!("{} {name:<9} {}", self.stamp(), plain(step));
                         self.log(line)?;
                         format!("acted: {step}")
                     }
                     Ok(Outcome::Converged) => "converged".to_string(),
                     Ok(Outcome::Waiting(why)) => {
                         all_converged = false;
-                        format!("waits: {why}")
+                        format!("waiting: {why}")
                     }
                     Ok(Outcome::Blocked(why)) => {
                         all_converged = false;
-                        format!("blocked: {why}")
+                        format!("cannot proceed: {why}")
                     }
                     Ok(Outcome::Paused(next)) => {
                         all_converged = false;
@@ -515,6 +538,16 @@ impl<'a, W: Write> Demo<'a, W> {
                     && self.last_outcome.get(name) != Some(&text)
                 {
                     let line = format!("{} {name:<9} {text}", self.stamp());
+                    self.log(line)?;
+                }
+                // No silent pause: a reconcile that waited long on etcd says so.
+                let took = reconcile_started.elapsed();
+                if took > Duration::from_secs(2) {
+                    let line = format!(
+                        "{} {name:<9} (this check took {:.1}s: the controller waited for etcd members to answer)",
+                        self.stamp(),
+                        took.as_secs_f64()
+                    );
                     self.log(line)?;
                 }
                 self.last_outcome.insert(name.to_string(), text);
@@ -683,6 +716,26 @@ fn check(
     }
     match goal {
         Goal::AllAvailable => Ok(None),
+        Goal::Version { cluster, version } => {
+            let status = clusters[cluster.as_str()]
+                .status
+                .clone()
+                .unwrap_or_default();
+            let behind: Vec<&str> = status
+                .members
+                .iter()
+                .filter(|m| m.version.as_deref() != Some(version.as_str()))
+                .map(|m| m.name.as_str())
+                .collect();
+            if status.current_version.as_deref() == Some(version.as_str()) && behind.is_empty() {
+                Ok(None)
+            } else {
+                Err(format!(
+                    "{cluster}: not every member runs {version} yet ({})",
+                    behind.join(", ")
+                ))
+            }
+        }
         Goal::Replaced {
             cluster,
             member,
@@ -704,6 +757,69 @@ fn check(
                 Ok(Some(id))
             }
         }
+    }
+}
+
+/// A step as a person reads it (the planner's own text names internal kinds).
+fn plain(step: &Step) -> String {
+    match step {
+        Step::WriteObjects(kinds) => {
+            let what: Vec<&str> = kinds
+                .iter()
+                .map(|k| match k {
+                    ObjectKind::Pki => "certificate authority",
+                    ObjectKind::Namespace => "namespace",
+                    ObjectKind::ServerTlsSecret => "server certificates",
+                    ObjectKind::PeerTlsSecret => "peer certificates",
+                    ObjectKind::PeerService => "peer service",
+                    ObjectKind::ClientService => "client service",
+                    ObjectKind::PodDisruptionBudget => "disruption budget",
+                    ObjectKind::MembersConfigMap => "member list",
+                    ObjectKind::StatefulSet => "StatefulSet",
+                })
+                .collect();
+            format!("write {}", what.join(", "))
+        }
+        Step::Bootstrap { replicas } => {
+            format!("start the cluster with {replicas} member(s)")
+        }
+        Step::ScaleStatefulSet { replicas } => format!("run {replicas} etcd pods"),
+        Step::RecordPvcMember { ordinal, member_id } => {
+            format!("label the data volume of pod {ordinal} with its member id {member_id:x}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Whether this process may create a mount namespace and bind-mount in it,
+/// as the workload runtime does for every etcd pod. `Err` says, in one line,
+/// what the demo needs.
+pub fn check_mount_namespaces() -> std::result::Result<(), String> {
+    let dir =
+        tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for f in [&a, &b] {
+        std::fs::write(f, "").map_err(|e| format!("cannot write {}: {e}", f.display()))?;
+    }
+    let needs = "the demo runs every etcd pod in its own mount namespace";
+    match std::process::Command::new("unshare")
+        .args(["-m", "mount", "--bind"])
+        .arg(&a)
+        .arg(&b)
+        .output()
+    {
+        Err(e) => Err(format!(
+            "{needs} and needs `unshare` (Debian util-linux): {e}"
+        )),
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "{needs}: run it as root (`sudo make demo`) or with CAP_SYS_ADMIN ({})",
+            String::from_utf8_lossy(&o.stderr)
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("unshare failed")
+        )),
     }
 }
 
@@ -890,7 +1006,7 @@ fn write_summary(out: &mut impl Write, summary: &DemoSummary) -> Result<()> {
         .map(|p| p.name.chars().count())
         .max()
         .unwrap_or(5)
-        .max(5);
+        .max("starting and stopping the fleet".len());
     writeln!(out, "{:<width$}  {:>8}  {:>5}", "PHASE", "TIME", "STEPS")?;
     for p in &summary.phases {
         writeln!(
@@ -901,6 +1017,16 @@ fn write_summary(out: &mut impl Write, summary: &DemoSummary) -> Result<()> {
             p.steps.len()
         )?;
     }
+    // So the column adds up: the rest is starting the workload clusters'
+    // runtimes and stopping every etcd process at the end.
+    let phases: Duration = summary.phases.iter().map(|p| p.took).sum();
+    writeln!(
+        out,
+        "{:<width$}  {:>7.1}s  {:>5}",
+        "starting and stopping the fleet",
+        summary.total.saturating_sub(phases).as_secs_f64(),
+        0
+    )?;
     writeln!(
         out,
         "{:<width$}  {:>7.1}s  {:>5}",

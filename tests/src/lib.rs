@@ -3,6 +3,7 @@ pub mod driver;
 pub mod etcd_harness;
 pub mod fleet;
 pub mod namespaces;
+pub mod otlp;
 pub mod runtime;
 pub mod s3;
 pub mod scenario;

@@ -3,7 +3,7 @@
 //! Secrets, no wildcards), the controller runs locked down, and each stage's
 //! configuration parses and owns only its own stage's clusters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use etcdfleet_api::{EtcdCluster, EtcdClusterSpec};
@@ -20,7 +20,10 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
         let path = entry.unwrap().path();
         if path.is_dir() {
             yaml_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml")
+            // Plain controller config files (not manifests), read by `config_of`.
+            && !path.ends_with("controller.yaml")
+        {
             out.push(path);
         }
     }
@@ -78,7 +81,21 @@ fn every_yaml_under_config_parses_and_has_a_kind() {
 fn kustomizations_reference_existing_paths() {
     for (file, doc) in of_kind(&documents(), "Kustomization") {
         let dir = file.parent().unwrap();
+        // `bases` and `patchesStrategicMerge`: the fields kubectl 1.20's
+        // kustomize (Debian kubernetes-client) still understands.
         let mut paths = strings(&doc["resources"]);
+        paths.extend(strings(&doc["bases"]));
+        paths.extend(strings(&doc["patchesStrategicMerge"]));
+        // configMapGenerator files: "key=path" or "path".
+        for generator in doc["configMapGenerator"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+        {
+            for f in strings(&generator["files"]) {
+                paths.push(f.rsplit('=').next().unwrap_or_default().to_string());
+            }
+        }
         if let Some(patches) = doc["patches"].as_sequence() {
             paths.extend(
                 patches
@@ -101,12 +118,10 @@ fn kustomizations_reference_existing_paths() {
     }
 }
 
-#[test]
-fn cluster_role_is_least_privilege() {
-    let docs = documents();
-    let roles = of_kind(&docs, "ClusterRole");
-    assert_eq!(roles.len(), 1, "one ClusterRole expected");
-    let rules = roles[0].1["rules"].as_sequence().unwrap();
+/// (apiGroup, resource) → sorted verbs of a Role's or ClusterRole's rules,
+/// after checking no rule uses a wildcard.
+fn grants_of(role: &Value) -> BTreeMap<(String, String), Vec<String>> {
+    let rules = role["rules"].as_sequence().unwrap();
     let mut grants: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for rule in rules {
         let verbs = strings(&rule["verbs"]);
@@ -134,76 +149,123 @@ fn cluster_role_is_least_privilege() {
             }
         }
     }
-    let verbs = |g: &str, r: &str| -> Vec<String> {
-        let mut v = grants
-            .get(&(g.to_string(), r.to_string()))
-            .cloned()
-            .unwrap_or_default();
+    for v in grants.values_mut() {
         v.sort();
         v.dedup();
-        v
+    }
+    grants
+}
+
+/// The controller's rights where it works (all namespaces or one): exactly these.
+fn assert_controller_grants(role: &Value) {
+    let grants = grants_of(role);
+    let expected: BTreeMap<(String, String), Vec<String>> = [
+        (
+            "etcdfleet.dev",
+            "etcdclusters",
+            &["get", "list", "patch", "update", "watch"][..],
+        ),
+        ("etcdfleet.dev", "etcdclusters/status", &["patch", "update"]),
+        (
+            "etcdfleet.dev",
+            "etcdclusters/finalizers",
+            &["patch", "update"],
+        ),
+        ("etcdfleet.dev", "etcdtemplates", &["get", "list", "watch"]),
+        // Backups: schedules create EtcdBackups and delete the ones retention
+        // prunes; nothing else on the management side is ever deleted.
+        (
+            "etcdfleet.dev",
+            "etcdbackups",
+            &["create", "delete", "get", "list", "watch"],
+        ),
+        (
+            "etcdfleet.dev",
+            "etcdbackupschedules",
+            &["get", "list", "watch"],
+        ),
+        ("etcdfleet.dev", "etcdbackups/status", &["patch", "update"]),
+        (
+            "etcdfleet.dev",
+            "etcdbackupschedules/status",
+            &["patch", "update"],
+        ),
+        // Secrets: get by name and create; never list/watch (no credential
+        // cache), never update/delete.
+        ("", "secrets", &["create", "get"]),
+        ("events.k8s.io", "events", &["create", "patch"]),
+        ("", "events", &["create", "patch"]),
+    ]
+    .iter()
+    .map(|(g, r, v)| {
+        (
+            (g.to_string(), r.to_string()),
+            v.iter().map(|x| x.to_string()).collect(),
+        )
+    })
+    .collect();
+    assert_eq!(grants, expected, "{role:?}");
+}
+
+#[test]
+fn controller_rbac_is_least_privilege_in_both_modes() {
+    let docs = documents();
+    let cluster_roles = of_kind(&docs, "ClusterRole");
+    let named = |name: &str| {
+        cluster_roles
+            .iter()
+            .find(|(_, r)| r["metadata"]["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("ClusterRole {name}"))
     };
-    assert_eq!(
-        verbs("", "secrets"),
-        ["create", "get"],
-        "Secrets: get and create only"
-    );
-    for (g, r) in grants.keys() {
-        if r == "secrets" {
-            assert_eq!(g, "", "secrets granted in group {g:?}");
-        }
-    }
-    assert_eq!(
-        verbs("etcdfleet.dev", "etcdclusters"),
-        ["get", "list", "patch", "update", "watch"]
-    );
-    for sub in ["etcdclusters/status", "etcdclusters/finalizers"] {
-        assert_eq!(verbs("etcdfleet.dev", sub), ["patch", "update"], "{sub}");
-    }
-    for t in ["etcdtemplates", "clusteretcdtemplates"] {
-        assert_eq!(verbs("etcdfleet.dev", t), ["get", "list", "watch"], "{t}");
-    }
-    assert_eq!(verbs("events.k8s.io", "events"), ["create", "patch"]);
-    assert_eq!(verbs("", "events"), ["create", "patch"]);
+    // All-namespaces mode and one-namespace mode grant the same rights.
+    let all = named("etcdfleet-controller");
     assert!(
-        verbs("coordination.k8s.io", "leases").is_empty(),
-        "leases belong in the namespaced Role, not the ClusterRole"
+        all.0
+            .ends_with("config/rbac/all-namespaces/cluster_role.yaml")
     );
-    // Backups: schedules create EtcdBackups and delete the ones retention prunes.
+    assert_controller_grants(&all.1);
+    let roles = of_kind(&docs, "Role");
+    let per_namespace = roles
+        .iter()
+        .find(|(f, _)| f.ends_with("config/rbac/namespace/role.yaml"))
+        .expect("config/rbac/namespace/role.yaml");
+    assert!(
+        per_namespace.1["metadata"]["namespace"].is_null(),
+        "the including stage sets the namespace"
+    );
+    assert_controller_grants(&per_namespace.1);
+
+    // Needed in every mode: read the cluster-scoped templates, nothing else.
+    let templates = named("etcdfleet-cluster-templates-reader");
+    let grants = grants_of(&templates.1);
     assert_eq!(
-        verbs("etcdfleet.dev", "etcdbackups"),
-        ["create", "delete", "get", "list", "watch"]
+        grants.into_iter().collect::<Vec<_>>(),
+        [(
+            (
+                "etcdfleet.dev".to_string(),
+                "clusteretcdtemplates".to_string()
+            ),
+            vec!["get".to_string(), "list".to_string(), "watch".to_string()]
+        )]
     );
-    assert_eq!(
-        verbs("etcdfleet.dev", "etcdbackupschedules"),
-        ["get", "list", "watch"]
-    );
-    for sub in ["etcdbackups/status", "etcdbackupschedules/status"] {
-        assert_eq!(verbs("etcdfleet.dev", sub), ["patch", "update"], "{sub}");
-    }
-    for ((g, r), v) in &grants {
-        if r == "etcdbackups" {
-            continue;
-        }
-        assert!(
-            !v.iter().any(|v| v == "delete" || v == "deletecollection"),
-            "{g}/{r}: the management side deletes nothing but pruned EtcdBackups"
-        );
-    }
+    assert_eq!(cluster_roles.len(), 2, "no other ClusterRole");
 
     // The Lease: a Role in the controller's own namespace.
-    let roles = of_kind(&docs, "Role");
-    assert_eq!(roles.len(), 1);
-    let role = &roles[0].1;
+    let lease = roles
+        .iter()
+        .find(|(_, r)| r["metadata"]["name"].as_str() == Some("etcdfleet-leader-election"))
+        .expect("leader election Role");
     assert_eq!(
-        role["metadata"]["namespace"].as_str(),
+        lease.1["metadata"]["namespace"].as_str(),
         Some("etcdfleet-system")
     );
-    let rules = role["rules"].as_sequence().unwrap();
-    assert_eq!(rules.len(), 1);
-    assert_eq!(strings(&rules[0]["apiGroups"]), ["coordination.k8s.io"]);
-    assert_eq!(strings(&rules[0]["resources"]), ["leases"]);
-    assert_eq!(strings(&rules[0]["verbs"]), ["get", "create", "update"]);
+    assert_eq!(
+        grants_of(&lease.1)
+            .get(&("coordination.k8s.io".to_string(), "leases".to_string()))
+            .cloned(),
+        Some(vec!["create".into(), "get".into(), "update".into()])
+    );
+    assert_eq!(grants_of(&lease.1).len(), 1);
 
     // Bindings point at the controller's ServiceAccount.
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
@@ -285,8 +347,16 @@ fn deployment_is_locked_down() {
         volume["configMap"]["name"].as_str(),
         Some("etcdfleet-config")
     );
-    let base_config = config_of(&repo().join("config/manager/config.yaml"));
+    let base_config = config_of(&repo().join("config/manager/controller.yaml"));
     assert!(!base_config.leader_election.enabled);
+    // Never two replicas at once without leader election: no surge.
+    let strategy = &base[0].1["spec"]["strategy"];
+    assert_eq!(strategy["type"].as_str(), Some("RollingUpdate"));
+    assert_eq!(strategy["rollingUpdate"]["maxSurge"].as_i64(), Some(0));
+    assert_eq!(
+        strategy["rollingUpdate"]["maxUnavailable"].as_i64(),
+        Some(1)
+    );
 
     let ns = of_kind(&docs, "Namespace");
     assert!(
@@ -295,22 +365,17 @@ fn deployment_is_locked_down() {
     );
 }
 
-/// The ControllerConfig in a ConfigMap manifest's `config.yaml`.
+/// The ControllerConfig of a plain config file (what `run --config` reads).
 fn config_of(file: &Path) -> ControllerConfig {
-    let text = std::fs::read_to_string(file).unwrap();
-    let cm: Value = serde_yaml::from_str(&text).unwrap();
-    assert_eq!(cm["kind"].as_str(), Some("ConfigMap"), "{}", file.display());
-    assert_eq!(cm["metadata"]["name"].as_str(), Some("etcdfleet-config"));
-    let data = cm["data"]["config.yaml"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{}: no data.config.yaml", file.display()));
-    ControllerConfig::from_yaml(data, &file.display().to_string())
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    ControllerConfig::from_yaml(&text, &file.display().to_string())
         .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
 }
 
 fn cluster(labels: &[(&str, &str)]) -> EtcdCluster {
     let mut c = EtcdCluster::new("c", EtcdClusterSpec::default());
-    c.metadata.namespace = Some("team".into());
+    // Watched by every stage; the label decides.
+    c.metadata.namespace = Some("team-a".into());
     c.metadata.labels = Some(
         labels
             .iter()
@@ -328,7 +393,7 @@ fn stages_own_disjoint_clusters() {
         .map(|s| {
             (
                 *s,
-                config_of(&repo().join(format!("config/stages/{s}/config.yaml"))),
+                config_of(&repo().join(format!("config/stages/{s}/controller.yaml"))),
             )
         })
         .collect();
@@ -363,35 +428,222 @@ fn stages_own_disjoint_clusters() {
         );
     }
 
-    // Each overlay: its own image tag, its own config patch; prod runs 2 replicas.
+    // Each overlay: its own image tag, its ConfigMap generated from its own
+    // controller.yaml, RBAC for exactly its namespaces; prod runs 2 replicas.
     let mut tags = Vec::new();
-    for stage in stages {
+    for (stage, config) in &configs {
         let dir = repo().join(format!("config/stages/{stage}"));
         let k: Value =
             serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
                 .unwrap();
-        assert_eq!(strings(&k["resources"]), ["../../default"]);
+        let resources = strings(&k["bases"]);
+        assert_eq!(resources[0], "../../default", "{stage}");
+        let scope: Vec<String> = if config.namespaces.is_empty() {
+            vec!["../../rbac/all-namespaces".into()]
+        } else {
+            config
+                .namespaces
+                .iter()
+                .map(|ns| format!("namespaces/{ns}"))
+                .collect()
+        };
+        assert_eq!(resources[1..], scope[..], "{stage}: RBAC scope");
+        for ns in &config.namespaces {
+            let inc: Value = serde_yaml::from_str(
+                &std::fs::read_to_string(dir.join(format!("namespaces/{ns}/kustomization.yaml")))
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(inc["namespace"].as_str(), Some(ns.as_str()));
+            assert_eq!(strings(&inc["bases"]), ["../../../../rbac/namespace"]);
+        }
         let tag = k["images"][0]["newTag"].as_str().unwrap().to_string();
         assert_eq!(
             k["images"][0]["name"].as_str(),
             Some("etcdfleet/controller")
         );
         tags.push(tag);
-        let patches: Vec<&str> = k["patches"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .filter_map(|p| p["path"].as_str())
-            .collect();
-        assert!(patches.contains(&"config.yaml"), "{stage}");
-        if stage == "prod" {
+        let generator = &k["configMapGenerator"][0];
+        assert_eq!(generator["name"].as_str(), Some("etcdfleet-config"));
+        assert_eq!(generator["behavior"].as_str(), Some("replace"));
+        assert_eq!(
+            strings(&generator["files"]),
+            ["config.yaml=controller.yaml"]
+        );
+        if *stage == "prod" {
             let replicas: Value =
                 serde_yaml::from_str(&std::fs::read_to_string(dir.join("replicas.yaml")).unwrap())
                     .unwrap();
             assert_eq!(replicas["spec"]["replicas"].as_i64(), Some(2));
-            assert!(patches.contains(&"replicas.yaml"));
+            assert!(strings(&k["patchesStrategicMerge"]).contains(&"replicas.yaml".to_string()));
         }
     }
     tags.dedup();
     assert_eq!(tags.len(), 3, "each stage pins its own image tag: {tags:?}");
+}
+
+/// The documents `kubectl kustomize dir` renders (`$KUBECTL`, default
+/// `kubectl`: 1.20 from Debian and current releases both render the
+/// overlays); `None` (after printing SKIPPED, or failing under
+/// ETCDFLEET_REQUIRE_ETCD=1, which CI sets for the whole tool set) when no
+/// kubectl is installed.
+fn kustomize(dir: &Path) -> Option<Vec<Value>> {
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let output = match std::process::Command::new(&kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            let msg = format!(
+                "SKIPPED: kubectl kustomize is not available ({e}); run hack/install-tools.sh"
+            );
+            println!("{msg}");
+            assert!(
+                std::env::var("ETCDFLEET_REQUIRE_ETCD").as_deref() != Ok("1"),
+                "{msg}"
+            );
+            return None;
+        }
+    };
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    Some(
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|d| Value::deserialize(d).unwrap())
+            .filter(|v| !v.is_null())
+            .collect(),
+    )
+}
+
+#[test]
+fn each_stage_renders_with_controller_rbac_for_exactly_its_namespaces() {
+    for stage in ["dev", "staging", "prod"] {
+        let dir = repo().join(format!("config/stages/{stage}"));
+        let Some(docs) = kustomize(&dir) else {
+            return;
+        };
+        let config = config_of(&dir.join("controller.yaml"));
+        let kind = |k: &str| -> Vec<&Value> {
+            docs.iter()
+                .filter(|d| d["kind"].as_str() == Some(k))
+                .collect()
+        };
+        let name = |d: &Value| {
+            d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+
+        // The ConfigMap is the stage's controller.yaml, and the Deployment mounts it.
+        let maps = kind("ConfigMap");
+        assert_eq!(maps.len(), 1, "{stage}");
+        let generated = name(maps[0]);
+        assert!(generated.starts_with("etcdfleet-config-"), "{generated}");
+        let rendered = ControllerConfig::from_yaml(
+            maps[0]["data"]["config.yaml"].as_str().unwrap(),
+            &generated,
+        )
+        .unwrap();
+        assert_eq!(rendered, config, "{stage}");
+        let deployments = kind("Deployment");
+        assert_eq!(deployments.len(), 1);
+        let deployment = deployments[0];
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert!(
+            pod["volumes"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|v| v["configMap"]["name"].as_str() == Some(generated.as_str())),
+            "{stage}: Deployment mounts {generated}"
+        );
+        let replicas = deployment["spec"]["replicas"].as_i64().unwrap_or(1);
+        assert_eq!(replicas, if stage == "prod" { 2 } else { 1 }, "{stage}");
+        // More than one replica only with a Lease deciding who reconciles.
+        assert!(replicas == 1 || config.leader_election.enabled, "{stage}");
+        assert_eq!(
+            deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"].as_i64(),
+            Some(0)
+        );
+
+        // PodDisruptionBudget and metrics Service select the controller pods.
+        let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+        let pdbs = kind("PodDisruptionBudget");
+        assert_eq!(pdbs.len(), 1, "{stage}");
+        assert_eq!(&pdbs[0]["spec"]["selector"]["matchLabels"], pod_labels);
+        assert_eq!(pdbs[0]["spec"]["maxUnavailable"].as_i64(), Some(1));
+        let services = kind("Service");
+        assert_eq!(services.len(), 1, "{stage}");
+        assert_eq!(&services[0]["spec"]["selector"], pod_labels);
+        assert_eq!(
+            services[0]["spec"]["ports"][0]["targetPort"].as_str(),
+            Some("http-metrics")
+        );
+
+        // RBAC: the controller's rights exist exactly where it works.
+        let controller_roles: Vec<&Value> = kind("Role")
+            .into_iter()
+            .filter(|r| name(r) == "etcdfleet-controller")
+            .collect();
+        let role_namespaces: BTreeSet<String> = controller_roles
+            .iter()
+            .map(|r| r["metadata"]["namespace"].as_str().unwrap().to_string())
+            .collect();
+        let watched: BTreeSet<String> = config.namespaces.iter().cloned().collect();
+        let all_namespaces = kind("ClusterRole")
+            .into_iter()
+            .find(|r| name(r) == "etcdfleet-controller");
+        let cluster_binding = kind("ClusterRoleBinding")
+            .into_iter()
+            .any(|b| b["roleRef"]["name"].as_str() == Some("etcdfleet-controller"));
+        if watched.is_empty() {
+            assert!(role_namespaces.is_empty(), "{stage}: {role_namespaces:?}");
+            assert_controller_grants(all_namespaces.expect("all-namespaces ClusterRole"));
+            assert!(cluster_binding, "{stage}: ClusterRoleBinding");
+        } else {
+            assert_eq!(
+                role_namespaces, watched,
+                "{stage}: one Role per watched namespace"
+            );
+            assert!(
+                all_namespaces.is_none() && !cluster_binding,
+                "{stage}: no ClusterRole"
+            );
+            for role in &controller_roles {
+                assert_controller_grants(role);
+            }
+            let bound: BTreeSet<String> = kind("RoleBinding")
+                .into_iter()
+                .filter(|b| b["roleRef"]["name"].as_str() == Some("etcdfleet-controller"))
+                .inspect(|b| {
+                    assert_eq!(b["roleRef"]["kind"].as_str(), Some("Role"));
+                    assert_eq!(
+                        b["subjects"][0]["namespace"].as_str(),
+                        Some("etcdfleet-system")
+                    );
+                })
+                .map(|b| b["metadata"]["namespace"].as_str().unwrap().to_string())
+                .collect();
+            assert_eq!(
+                bound, watched,
+                "{stage}: one RoleBinding per watched namespace"
+            );
+            // No cluster-wide Secret access in this mode.
+            for role in kind("ClusterRole") {
+                assert!(
+                    !grants_of(role).keys().any(|(_, r)| r == "secrets"),
+                    "{stage}: {} grants Secrets cluster-wide",
+                    name(role)
+                );
+            }
+        }
+    }
 }

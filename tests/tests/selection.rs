@@ -311,7 +311,7 @@ fn the_stage_configs_shipped_are_what_this_test_assumes() {
     // The selection rule is the one `config/stages/*` deploy: one label, one value each.
     for stage in ["dev", "staging", "prod"] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("../config/stages/{stage}/config.yaml"));
+            .join(format!("../config/stages/{stage}/controller.yaml"));
         let text = std::fs::read_to_string(path).unwrap();
         assert!(text.contains(&format!("labelSelector: etcdfleet.dev/stage={stage}")));
     }

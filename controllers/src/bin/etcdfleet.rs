@@ -26,6 +26,7 @@ use etcdfleet_controllers::etcdcluster::{self, Context};
 use etcdfleet_controllers::http::{Health, serve_http};
 use etcdfleet_controllers::leader::LeaderElector;
 use etcdfleet_controllers::metrics::Metrics;
+use etcdfleet_controllers::telemetry;
 use futures::StreamExt;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
@@ -189,16 +190,6 @@ fn plan(files: &[PathBuf], grace_seconds: u64) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 async fn run(args: RunArgs) -> ExitCode {
     let overrides = Overrides {
         namespaces: args.namespaces,
@@ -218,7 +209,14 @@ async fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_tracing(config.log_format);
+    // Kept until `run` returns: dropping it flushes the buffered spans.
+    let _telemetry = match telemetry::init(config.log_format, &config.tracing) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     info!(scope = %config.describe_scope(), leader_election = config.leader_election.enabled, "starting etcdfleet controller");
 
     let client = match Client::try_default().await {

@@ -15,6 +15,7 @@ use etcd_client::{
     Identity, MemberAddOptions, TlsOptions,
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tracing::Instrument;
 
 use super::Member;
 use super::error::EtcdError;
@@ -167,11 +168,30 @@ async fn with_deadline<T>(
     member_id: Option<u64>,
     fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
 ) -> Result<T> {
-    match tokio::time::timeout(after, fut).await {
+    // Every etcd call goes through here: one trace span per call.
+    let span = tracing::info_span!(
+        "etcd",
+        otel.name = op,
+        otel.kind = "client",
+        etcd.op = op,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty
+    );
+    let result = match tokio::time::timeout(after, fut)
+        .instrument(span.clone())
+        .await
+    {
         Err(_) => Err(EtcdError::Timeout { op, after }),
         Ok(Err(e)) => Err(EtcdError::from_client(e, member_id)),
         Ok(Ok(v)) => Ok(v),
-    }
+    };
+    match &result {
+        Ok(_) => span.record("outcome", "ok"),
+        Err(e) => span
+            .record("outcome", e.reason())
+            .record("otel.status_code", "ERROR"),
+    };
+    result
 }
 
 /// Runs `attempt` until it succeeds, fails with an error `retry` rejects, or

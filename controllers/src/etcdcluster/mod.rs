@@ -28,7 +28,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
-use tracing::{info, warn};
+use tracing::field::Empty;
+use tracing::{Instrument, Span, info, info_span, warn};
 
 use crate::connector::{ConnectError, KubeconfigLocation, WorkloadClusterConnector};
 use crate::dialer::EtcdDialer;
@@ -243,8 +244,101 @@ pub fn error_policy(cluster: Arc<EtcdCluster>, err: &Error, ctx: Arc<Context>) -
     Action::requeue(Duration::from_secs(5))
 }
 
-/// One reconcile of one EtcdCluster.
+/// One reconcile of one EtcdCluster, traced: a `reconcile` span with the
+/// cluster, the outcome and (when spans are exported) the trace id, so log
+/// lines inside it can be found in the trace backend.
 pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
+    let key = format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    let span = info_span!(
+        "reconcile",
+        cluster = %key,
+        outcome = Empty,
+        trace_id = Empty,
+        otel.status_code = Empty
+    );
+    if let Some(id) = crate::telemetry::trace_id(&span) {
+        span.record("trace_id", id);
+    }
+    let result = Box::pin(reconcile_pipeline(cluster, ctx, &key).instrument(span.clone())).await;
+    match &result {
+        Ok(outcome) => span.record("outcome", outcome.label()),
+        Err(e) => span
+            .record("outcome", e.reason())
+            .record("otel.status_code", "ERROR"),
+    };
+    result
+}
+
+/// A child span of the reconcile for one pipeline step.
+fn step_span(step: &'static str, cluster: &str) -> Span {
+    info_span!(
+        "step",
+        otel.name = step,
+        step,
+        cluster,
+        outcome = Empty,
+        otel.status_code = Empty
+    )
+}
+
+/// Runs one pipeline step in its span and records how it ended.
+async fn traced<T, E: StepFailure>(
+    span: Span,
+    step: impl std::future::Future<Output = std::result::Result<T, E>>,
+) -> std::result::Result<T, E> {
+    // Boxed: the step futures are large and a debug build would otherwise
+    // carry each one several times on the polling thread's stack.
+    let result = Box::pin(step.instrument(span.clone())).await;
+    match &result {
+        Ok(_) => span.record("outcome", "ok"),
+        Err(e) => span
+            .record("outcome", e.failure_reason())
+            .record("otel.status_code", "ERROR"),
+    };
+    result
+}
+
+/// Failures whose short reason a step span records as its outcome.
+trait StepFailure {
+    fn failure_reason(&self) -> &'static str;
+}
+
+impl StepFailure for Error {
+    fn failure_reason(&self) -> &'static str {
+        self.reason()
+    }
+}
+
+impl StepFailure for ConnectError {
+    fn failure_reason(&self) -> &'static str {
+        self.reason()
+    }
+}
+
+/// The report step: status, conditions (and the write's own API call).
+async fn report_step(report: &status::Report, ctx: &Context, cluster: &str) -> Result<bool> {
+    traced(step_span("report", cluster), report.write(ctx)).await
+}
+
+impl Outcome {
+    /// Short label of the outcome (trace attribute).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Converged => "converged",
+            Outcome::Waiting(_) => "waiting",
+            Outcome::Acted(_) => "acted",
+            Outcome::Paused(_) => "paused",
+            Outcome::Blocked(_) => "blocked",
+            Outcome::Deleted => "deleted",
+        }
+    }
+}
+
+async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> Result<Outcome> {
     // Another stage's (or shard's) cluster: no read, no write.
     if let Some(owns) = &ctx.owner_filter
         && !owns(cluster)
@@ -256,7 +350,7 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
         )));
     }
     if cluster.meta().deletion_timestamp.is_some() {
-        return act::finalize(cluster, ctx).await;
+        return traced(step_span("act", key), act::finalize(cluster, ctx)).await;
     }
     let api: Api<EtcdCluster> = Api::namespaced(
         ctx.management.clone(),
@@ -280,10 +374,15 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
     let mut report = status::Report::new(cluster);
 
     // resolve
-    let resolved = match resolve::resolve_cluster(cluster, ctx, &mut report).await? {
+    let resolved = match traced(
+        step_span("resolve", key),
+        resolve::resolve_cluster(cluster, ctx, &mut report),
+    )
+    .await?
+    {
         Some(r) => r,
         None => {
-            report.write(ctx).await?;
+            report_step(&report, ctx, key).await?;
             return Ok(Outcome::Blocked(report.blocked_reason()));
         }
     };
@@ -291,30 +390,35 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
     // connect
     let Some(location) = KubeconfigLocation::of(cluster) else {
         report.remote_unreachable(&ConnectError::NoClusterReference);
-        report.write(ctx).await?;
+        report_step(&report, ctx, key).await?;
         return Ok(Outcome::Blocked(
             ConnectError::NoClusterReference.to_string(),
         ));
     };
-    let workload = match ctx.connector.connect(&location).await {
+    let workload = match traced(step_span("connect", key), ctx.connector.connect(&location)).await {
         Ok(w) => w,
         Err(e) => {
             let delay = ctx.connector.record_failure(&location, &e);
             report.remote_unreachable(&e);
-            report.write(ctx).await?;
+            report_step(&report, ctx, key).await?;
             info!(cluster = %cluster.name_any(), reason = e.reason(), ?delay, "workload cluster not reachable");
             return Ok(Outcome::Blocked(e.to_string()));
         }
     };
 
     // observe
-    let observed = match observe::observe(cluster, &resolved, &workload, ctx, &report).await {
+    let observed = match traced(
+        step_span("observe", key),
+        observe::observe(cluster, &resolved, &workload, ctx, &report),
+    )
+    .await
+    {
         Ok(o) => o,
         Err(Error::WorkloadApi { server, source }) => {
             let e = ConnectError::from_workload(&server, &source);
             ctx.connector.record_failure(&location, &e);
             report.remote_unreachable(&e);
-            report.write(ctx).await?;
+            report_step(&report, ctx, key).await?;
             return Ok(Outcome::Blocked(e.to_string()));
         }
         Err(e) => return Err(e),
@@ -324,7 +428,13 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
     report.observed(&observed);
 
     // plan
-    let plan = plan::plan_next_step(&observed.planner);
+    let plan = {
+        let span = step_span("plan", key);
+        let _in_plan = span.enter();
+        let plan = plan::plan_next_step(&observed.planner);
+        span.record("outcome", plan_label(&plan));
+        plan
+    };
     ctx.metrics.observe_plan(&plan);
     if cluster.spec.paused == Some(true) {
         let next = match &plan {
@@ -332,7 +442,7 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
             _ => None,
         };
         report.paused(next.as_deref());
-        report.write(ctx).await?;
+        report_step(&report, ctx, key).await?;
         return Ok(Outcome::Paused(next));
     }
 
@@ -348,7 +458,20 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
         }
         Plan::Act(step) => {
             let started = std::time::Instant::now();
-            let result = act::execute(&step, cluster, &resolved, &observed, &workload, ctx).await;
+            let span = info_span!(
+                "step",
+                otel.name = "act",
+                step = "act",
+                action = step.kind(),
+                cluster = key,
+                outcome = Empty,
+                otel.status_code = Empty
+            );
+            let result = traced(
+                span,
+                act::execute(&step, cluster, &resolved, &observed, &workload, ctx),
+            )
+            .await;
             ctx.metrics.observe_step(
                 step.kind(),
                 started.elapsed(),
@@ -377,14 +500,23 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
                         &format!("{step}: {e}"),
                     )
                     .await;
-                    report.write(ctx).await?;
+                    report_step(&report, ctx, key).await?;
                     return Err(e);
                 }
             }
         }
     };
-    report.write(ctx).await?;
+    report_step(&report, ctx, key).await?;
     Ok(outcome)
+}
+
+/// Short label of a planner answer (trace attribute).
+fn plan_label(plan: &Plan) -> &'static str {
+    match plan {
+        Plan::Converged => "converged",
+        Plan::Wait(_) => "wait",
+        Plan::Act(step) => step.kind(),
+    }
 }
 
 /// Publishes an event about a cluster; a failure to publish is logged, never fatal.

@@ -262,7 +262,7 @@ pub async fn observe(
     }
     let (etcd, health) = if inputs.tls && pki.is_none() {
         (
-            EtcdObservation::Unreachable("no client certificate yet".into()),
+            EtcdObservation::Unreachable("certificates are being issued".into()),
             None,
         )
     } else if endpoints.is_empty() {

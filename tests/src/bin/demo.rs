@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
-use etcdfleet_tests::demo::{DemoOptions, run_demo};
+use etcdfleet_tests::demo::{DemoOptions, check_mount_namespaces, run_demo};
 use etcdfleet_tests::etcd_harness::{EtcdBinary, EtcdVersion};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -16,6 +16,19 @@ async fn main() -> ExitCode {
             "demo: etcd 3.5 not found at {} — run `make tools` (hack/install-tools.sh) first",
             missing.display()
         );
+        return ExitCode::FAILURE;
+    }
+    let old = EtcdBinary::locate(EtcdVersion::V3_4);
+    if let Some(missing) = old.missing() {
+        eprintln!(
+            "demo: etcd 3.4 (for the upgrade to 3.5) not found at {} — run `make tools` (hack/install-tools.sh) first",
+            missing.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    // Say what is missing now, not after a phase times out.
+    if let Err(why) = check_mount_namespaces() {
+        eprintln!("demo: {why}");
         return ExitCode::FAILURE;
     }
     let stdout = std::io::stdout();
