@@ -110,6 +110,15 @@ pub struct ControllerConfig {
     pub leader_election: LeaderElectionConfig,
     pub metrics_address: String,
     pub log_format: LogFormat,
+    /// How etcd members are reached: `portForward` (through the workload API
+    /// server, the default) or `direct` (the management network routes to
+    /// workload pods).
+    pub dialer: crate::dialer::DialerKind,
+    /// Clusters reconciled at the same time (bounds start-up and failover
+    /// bursts).
+    pub concurrency: u16,
+    /// Events on one cluster closer together than this fold into one reconcile.
+    pub debounce_millis: u64,
     /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
     #[serde(skip)]
     selector: LabelSelector,
@@ -127,6 +136,9 @@ impl Default for ControllerConfig {
             leader_election: LeaderElectionConfig::default(),
             metrics_address: "0.0.0.0:8080".into(),
             log_format: LogFormat::Text,
+            dialer: crate::dialer::DialerKind::default(),
+            concurrency: 16,
+            debounce_millis: 200,
             selector: LabelSelector::default(),
         }
     }
@@ -216,6 +228,7 @@ impl ControllerConfig {
                 self.member_failure_grace_seconds,
             ),
             ("deletionTimeoutSeconds", self.deletion_timeout_seconds),
+            ("concurrency", u64::from(self.concurrency)),
             ("requeueConvergedSeconds", self.requeue_converged_seconds),
             (
                 "leaderElection.leaseDurationSeconds",

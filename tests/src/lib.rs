@@ -3,5 +3,6 @@ pub mod driver;
 pub mod etcd_harness;
 pub mod fleet;
 pub mod namespaces;
+pub mod portforward;
 pub mod runtime;
 pub mod scenario;

@@ -133,6 +133,7 @@ pub async fn etcd_of(
             server_name: Some(names.client_service_host()),
         }),
         deadlines: fast_settings().etcd_deadlines,
+        transport: None,
     };
     Ok((endpoints, config))
 }
