@@ -30,3 +30,4 @@ demo: tools
 bench: tools
 	cargo bench -p etcdfleet-tests --bench scale_out
 	cargo bench -p etcdfleet-tests --bench reconcile
+	cargo bench -p etcdfleet-tests --bench operations
