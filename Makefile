@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools lint crds demo bench
+.PHONY: test tools rust-tools lint crds demo bench test-portforward
 
 tools:
 	./hack/install-tools.sh
@@ -16,6 +16,11 @@ rust-tools:
 # process, so a test's etcd processes never outlive it. The crates have no doc tests.
 test: tools rust-tools
 	cargo nextest run --workspace --all-targets --no-fail-fast
+
+# The lifecycle and version suites with the controller reaching etcd only
+# through pods/portforward tunnels (the production default dialer).
+test-portforward: tools rust-tools
+	ETCDFLEET_DIALER=portForward cargo nextest run -p etcdfleet-tests --test e2e_lifecycle --test e2e_versions --test portforward --no-fail-fast
 
 lint:
 	cargo fmt --all -- --check

@@ -314,7 +314,14 @@ pub fn portforward_target(path: &str) -> Option<(String, String)> {
 }
 
 pub async fn serve(handler: UpgradeHandler) -> anyhow::Result<ServedPortForward> {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    serve_now(handler)
+}
+
+/// [`serve`] from synchronous code (inside a Tokio runtime).
+pub fn serve_now(handler: UpgradeHandler) -> anyhow::Result<ServedPortForward> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
     let url = format!("http://{}", listener.local_addr()?);
     let task = tokio::spawn(async move {
         loop {
@@ -362,30 +369,36 @@ pub async fn serve(handler: UpgradeHandler) -> anyhow::Result<ServedPortForward>
 pub struct FleetPortForward {
     pub dialer: Arc<etcdfleet_controllers::dialer::PortForwardDialer>,
     pub servers: std::collections::BTreeMap<String, Arc<PortForwardServer>>,
-    _served: Vec<ServedPortForward>,
 }
 
 impl FleetPortForward {
     pub async fn new(fleet: &crate::fleet::Fleet) -> anyhow::Result<Self> {
+        Self::start(fleet)
+    }
+
+    /// [`new`](Self::new) from synchronous code (inside a Tokio runtime).
+    pub fn start(fleet: &crate::fleet::Fleet) -> anyhow::Result<Self> {
         let mut servers = std::collections::BTreeMap::new();
         let mut clients = std::collections::BTreeMap::new();
         let mut served = Vec::new();
         for name in fleet.workload_names() {
             let server = PortForwardServer::for_runtime(fleet.runtime_handle(&name));
-            let s = serve(server.handler()).await?;
+            let s = serve_now(server.handler())?;
             clients.insert(fleet.server_url(&name), s.client.clone());
             servers.insert(name, server);
             served.push(s);
         }
+        // The dialer holds the servers: they serve as long as it is used.
+        let served = Arc::new(served);
         let dialer = etcdfleet_controllers::dialer::PortForwardDialer::with_api(Arc::new(
             move |w: &etcdfleet_controllers::connector::WorkloadCluster| {
+                let _alive = &served;
                 clients.get(&w.server).cloned()
             },
         ));
         Ok(FleetPortForward {
             dialer: Arc::new(dialer),
             servers,
-            _served: served,
         })
     }
 
