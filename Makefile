@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools lint crds demo bench bench-backup fresh-machine-check
+.PHONY: test tools rust-tools lint crds demo bench bench-backup fresh-machine-check test-portforward
 
 tools:
 	./hack/install-tools.sh
@@ -16,6 +16,11 @@ rust-tools:
 # process, so a test's etcd processes never outlive it. The crates have no doc tests.
 test: tools rust-tools
 	cargo nextest run --workspace --all-targets --no-fail-fast
+
+# The lifecycle and version suites with the controller reaching etcd only
+# through pods/portforward tunnels (the production default dialer).
+test-portforward: tools rust-tools
+	ETCDFLEET_DIALER=portForward cargo nextest run -p etcdfleet-tests --test e2e_lifecycle --test e2e_versions --test portforward --no-fail-fast
 
 lint:
 	cargo fmt --all -- --check
@@ -30,6 +35,7 @@ demo: tools
 bench: tools
 	cargo bench -p etcdfleet-tests --bench scale_out
 	cargo bench -p etcdfleet-tests --bench reconcile
+	cargo bench -p etcdfleet-tests --bench operations
 
 # Removes what `make test` installs (Debian packages, .tools/), then runs
 # .ci/run in a fresh clone with an empty target dir: the install step from

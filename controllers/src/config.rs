@@ -112,6 +112,15 @@ pub struct ControllerConfig {
     pub log_format: LogFormat,
     /// OpenTelemetry trace export (off unless an endpoint is set).
     pub tracing: crate::telemetry::TracingConfig,
+    /// How etcd members are reached: `portForward` (through the workload API
+    /// server, the default) or `direct` (the management network routes to
+    /// workload pods).
+    pub dialer: crate::dialer::DialerKind,
+    /// Clusters reconciled at the same time (bounds start-up and failover
+    /// bursts).
+    pub concurrency: u16,
+    /// Events on one cluster closer together than this fold into one reconcile.
+    pub debounce_millis: u64,
     /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
     #[serde(skip)]
     selector: LabelSelector,
@@ -130,6 +139,9 @@ impl Default for ControllerConfig {
             metrics_address: "0.0.0.0:8080".into(),
             log_format: LogFormat::Text,
             tracing: Default::default(),
+            dialer: crate::dialer::DialerKind::default(),
+            concurrency: 16,
+            debounce_millis: 200,
             selector: LabelSelector::default(),
         }
     }
@@ -219,6 +231,7 @@ impl ControllerConfig {
                 self.member_failure_grace_seconds,
             ),
             ("deletionTimeoutSeconds", self.deletion_timeout_seconds),
+            ("concurrency", u64::from(self.concurrency)),
             ("requeueConvergedSeconds", self.requeue_converged_seconds),
             (
                 "leaderElection.leaseDurationSeconds",

@@ -270,6 +270,8 @@ struct CacheEntry {
     resource_version: String,
     cluster: WorkloadCluster,
     last_used: Instant,
+    /// When the Secret was last read and found unchanged.
+    verified: Instant,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -320,6 +322,28 @@ impl WorkloadClusterConnector {
         }
     }
 
+    /// Like [`connect`](Self::connect), but a client whose Secret was read
+    /// less than `trust_for` ago is returned without reading it again. Safe
+    /// because a rotated kubeconfig shows up as an authentication failure
+    /// (which evicts the client, see [`record_failure`](Self::record_failure))
+    /// and is picked up within `trust_for` otherwise.
+    pub async fn connect_trusting(
+        &self,
+        location: &KubeconfigLocation,
+        trust_for: Duration,
+    ) -> Result<WorkloadCluster, ConnectError> {
+        if !trust_for.is_zero() {
+            let mut cache = self.cache.lock().expect("connector cache poisoned");
+            if let Some(entry) = cache.get_mut(location)
+                && entry.verified.elapsed() < trust_for
+            {
+                entry.last_used = Instant::now();
+                return Ok(entry.cluster.clone());
+            }
+        }
+        self.connect(location).await
+    }
+
     /// Reads the kubeconfig Secret (one GET) and returns a client for its
     /// cluster, reusing the cached one while the Secret is unchanged.
     pub async fn connect(
@@ -349,6 +373,7 @@ impl WorkloadClusterConnector {
                 && entry.resource_version == resource_version
             {
                 entry.last_used = Instant::now();
+                entry.verified = Instant::now();
                 return Ok(entry.cluster.clone());
             }
         }
@@ -386,6 +411,7 @@ impl WorkloadClusterConnector {
                 resource_version,
                 cluster: cluster.clone(),
                 last_used: Instant::now(),
+                verified: Instant::now(),
             },
         );
         Ok(cluster)

@@ -36,6 +36,9 @@ pub fn fast_settings() -> ReconcilerSettings {
         requeue_converged: Duration::from_secs(30),
         requeue_progress: Duration::from_millis(300),
         cert_renew_before: Duration::from_secs(30 * 86400),
+        // Tests edit workload objects behind the controller's back and expect
+        // the next reconcile to see it: nothing is trusted without a read.
+        reread_after: Duration::ZERO,
     }
 }
 

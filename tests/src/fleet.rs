@@ -35,7 +35,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, EtcdTemplate};
 use etcdfleet_controllers::connector::WorkloadClientFactory;
+use etcdfleet_controllers::connector::WorkloadCluster;
 use etcdfleet_controllers::dialer::EtcdDialer;
+use etcdfleet_controllers::etcd::{EtcdStream, Transport};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -672,6 +674,11 @@ impl Fleet {
         &self.workload(name).runtime
     }
 
+    /// A handle on workload `name`'s runtime that does not keep it alive.
+    pub fn runtime_handle(&self, name: &str) -> Weak<WorkloadRuntime> {
+        Arc::downgrade(&self.workload(name).runtime)
+    }
+
     pub fn server_url(&self, name: &str) -> String {
         self.workload(name).server.clone()
     }
@@ -709,6 +716,7 @@ impl Fleet {
                     .map(|w| (w.server.clone(), Arc::downgrade(&w.runtime)))
                     .collect(),
             ),
+            opened: Arc::default(),
         })
     }
 
@@ -888,10 +896,12 @@ impl WorkloadClientFactory for FleetClientFactory {
 /// workload runtime of the cluster they belong to.
 pub struct FleetDialer {
     runtimes: Arc<BTreeMap<String, Weak<WorkloadRuntime>>>,
+    opened: Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl EtcdDialer for FleetDialer {
-    fn dial_url(&self, workload: &str, advertised: &str) -> Result<String, String> {
+impl FleetDialer {
+    /// Where a member's advertised URL points in the test world: its pod IP.
+    pub fn dial_url(&self, workload: &str, advertised: &str) -> Result<String, String> {
         let runtime = self
             .runtimes
             .get(workload)
@@ -913,5 +923,34 @@ impl EtcdDialer for FleetDialer {
                 .map_err(|e| e.to_string())?,
         };
         Ok(format!("{scheme}://{ip}:{port}{path}"))
+    }
+
+    /// TCP connections opened so far.
+    pub fn connections_opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+}
+
+impl EtcdDialer for FleetDialer {
+    fn kind(&self) -> &'static str {
+        "fleet"
+    }
+
+    fn dial(
+        &self,
+        workload: &WorkloadCluster,
+        member: &http::Uri,
+    ) -> BoxFuture<'static, std::io::Result<EtcdStream>> {
+        let mapped = self.dial_url(&workload.server, &member.to_string());
+        let opened = self.opened.clone();
+        Box::pin(async move {
+            let mapped: http::Uri = mapped
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e))?
+                .parse()
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            let stream = Transport::tcp().dial(mapped).await?;
+            opened.fetch_add(1, Ordering::Relaxed);
+            Ok(stream)
+        })
     }
 }

@@ -4,6 +4,7 @@ pub mod etcd_harness;
 pub mod fleet;
 pub mod namespaces;
 pub mod otlp;
+pub mod portforward;
 pub mod runtime;
 pub mod s3;
 pub mod scenario;

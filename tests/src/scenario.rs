@@ -2,6 +2,7 @@
 //! fleet, spec edits, and clients that reach the etcd members the way the
 //! controller does (the cluster's own CA and the controller's identity).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
@@ -76,12 +77,23 @@ pub async fn get(fleet: &Fleet, name: &str) -> Result<EtcdCluster> {
     )
 }
 
-/// A controller with the test settings, talking to the fleet as the real one would.
+/// A controller with the test settings, talking to the fleet as the real one
+/// would. With `ETCDFLEET_DIALER=portForward` it reaches etcd only through
+/// port-forward tunnels served by the fleet's workload APIs (`make
+/// test-portforward` runs the lifecycle and version suites so).
 pub fn controller(fleet: &Fleet) -> TestController {
+    let dialer: Arc<dyn etcdfleet_controllers::dialer::EtcdDialer> =
+        match std::env::var("ETCDFLEET_DIALER").as_deref() {
+            Ok("portForward") => match crate::portforward::FleetPortForward::start(fleet) {
+                Ok(pf) => pf.dialer,
+                Err(e) => panic!("ETCDFLEET_DIALER=portForward: cannot serve port-forward: {e}"),
+            },
+            _ => fleet.dialer(),
+        };
     TestController::new(
         fleet.management(),
         fleet.client_factory(),
-        fleet.dialer(),
+        dialer,
         fast_settings(),
     )
 }
@@ -133,6 +145,7 @@ pub async fn etcd_of(
             server_name: Some(names.client_service_host()),
         }),
         deadlines: fast_settings().etcd_deadlines,
+        transport: None,
     };
     Ok((endpoints, config))
 }

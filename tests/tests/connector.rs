@@ -269,3 +269,29 @@ fn kubeconfig_checks_allow_only_inline_credentials() {
         assert!(!err.to_string().contains("secret-token"), "{err}");
     }
 }
+
+#[tokio::test]
+async fn a_trusted_client_skips_the_secret_read_until_its_trust_expires() -> Result<()> {
+    let fleet = Fleet::new(&["a"]).await?;
+    let (conn, _) = connector(&fleet, ConnectorSettings::default());
+    let la = location(&fleet, "a");
+    let secret_gets = |fleet: &Fleet| {
+        fleet
+            .ops()
+            .iter()
+            .filter(|o| o.resource == "secrets" && o.verb == "get")
+            .count()
+    };
+    conn.connect(&la).await?;
+    fleet.clear_ops();
+    let trust = Duration::from_millis(300);
+    conn.connect_trusting(&la, trust).await?;
+    conn.connect_trusting(&la, trust).await?;
+    assert_eq!(secret_gets(&fleet), 0, "trusted: no read");
+    tokio::time::sleep(trust).await;
+    conn.connect_trusting(&la, trust).await?;
+    assert_eq!(secret_gets(&fleet), 1, "trust expired: read again");
+    conn.connect_trusting(&la, Duration::ZERO).await?;
+    assert_eq!(secret_gets(&fleet), 2, "no trust: always read");
+    Ok(())
+}

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use etcdfleet_controllers::connector::{ConnectError, KubeconfigLocation, check_kubeconfig};
-use etcdfleet_controllers::dialer::EtcdDialer;
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::{Fleet, KubeconfigFault};
 use etcdfleet_tests::runtime::WorkloadRuntime;

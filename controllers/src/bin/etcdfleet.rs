@@ -21,7 +21,6 @@ use etcdfleet_controllers::config::{ControllerConfig, LogFormat, Overrides};
 use etcdfleet_controllers::connector::{
     ConnectorSettings, KubeconfigClientFactory, WorkloadClusterConnector,
 };
-use etcdfleet_controllers::dialer::DirectDialer;
 use etcdfleet_controllers::etcdcluster::{self, Context};
 use etcdfleet_controllers::http::{Health, serve_http};
 use etcdfleet_controllers::leader::LeaderElector;
@@ -298,7 +297,7 @@ async fn run(args: RunArgs) -> ExitCode {
         Context::new(
             client.clone(),
             connector,
-            Arc::new(DirectDialer),
+            config.dialer.build(),
             config.reconciler_settings(),
             metrics.clone(),
         )
@@ -313,6 +312,10 @@ async fn run(args: RunArgs) -> ExitCode {
                 let evicted = ctx.connector.evict_idle();
                 if evicted > 0 {
                     info!(evicted, "dropped idle workload cluster clients");
+                }
+                let evicted = ctx.etcd_clients.evict_idle();
+                if evicted > 0 {
+                    info!(evicted, "dropped idle etcd clients");
                 }
             }
         }
@@ -333,6 +336,11 @@ async fn run(args: RunArgs) -> ExitCode {
     };
     let controllers = apis.into_iter().map(|api| {
         Controller::new(api, watch_config.clone())
+            .with_config(
+                kube::runtime::controller::Config::default()
+                    .concurrency(config.concurrency)
+                    .debounce(Duration::from_millis(config.debounce_millis)),
+            )
             .graceful_shutdown_on(shutdown())
             .run(
                 etcdcluster::reconcile,

@@ -14,12 +14,15 @@ use etcd_client::{
     AlarmAction, AlarmOptions, AlarmType, Certificate, Client, ConnectOptions, GetOptions,
     Identity, MemberAddOptions, TlsOptions,
 };
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tracing::Instrument;
 
 use super::Member;
 use super::error::EtcdError;
 use super::health::{ClusterHealth, MemberObservation};
+use super::transport::Transport;
 
 pub type Result<T, E = EtcdError> = std::result::Result<T, E>;
 
@@ -45,7 +48,7 @@ impl std::fmt::Debug for TlsMaterial {
 }
 
 impl TlsMaterial {
-    fn to_options(&self) -> Result<TlsOptions> {
+    pub(crate) fn to_options(&self) -> Result<TlsOptions> {
         let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
         match (&self.client_cert_pem, &self.client_key_pem) {
             (Some(cert), Some(key)) => tls = tls.identity(Identity::from_pem(cert, key)),
@@ -102,6 +105,8 @@ impl Default for Deadlines {
 pub struct EtcdConfig {
     pub tls: Option<TlsMaterial>,
     pub deadlines: Deadlines,
+    /// What carries the bytes to a member; `None` is plain TCP to the URL.
+    pub transport: Option<Transport>,
 }
 
 /// What `Status` says about one member.
@@ -221,37 +226,34 @@ where
     }
 }
 
-async fn connect(endpoints: &[String], config: &EtcdConfig) -> Result<Client> {
+/// One lazy client per endpoint, each over its own channel (see
+/// [`super::transport::channel`]).
+async fn connect_each(endpoints: &[String], config: &EtcdConfig) -> Result<Vec<(String, Client)>> {
     if endpoints.is_empty() {
         return Err(EtcdError::NoEndpoints);
     }
-    for e in endpoints {
-        if !(e.starts_with("http://") || e.starts_with("https://")) {
-            return Err(EtcdError::InvalidEndpoint {
-                endpoint: e.clone(),
-                message: "expected an http:// or https:// URL".into(),
-            });
-        }
-        if e.starts_with("https://") && config.tls.is_none() {
-            return Err(EtcdError::Tls(format!("{e} needs TLS material")));
-        }
+    let mut clients = Vec::with_capacity(endpoints.len());
+    for endpoint in endpoints {
+        clients.push((endpoint.clone(), connect_one(endpoint, config).await?));
     }
-    let mut options = ConnectOptions::new()
-        .with_connect_timeout(config.deadlines.connect)
-        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
-    if let Some(tls) = &config.tls {
-        options = options.with_tls(tls.to_options()?);
-    }
+    Ok(clients)
+}
+
+async fn connect_one(endpoint: &str, config: &EtcdConfig) -> Result<Client> {
+    let channel = super::transport::channel(endpoint, config)?;
     with_deadline(
         "connect",
         config.deadlines.connect,
         None,
-        Client::connect(endpoints, Some(options)),
+        Client::from_channel(
+            etcd_client::Channel::Tonic(channel),
+            Some(ConnectOptions::new()),
+        ),
     )
     .await
     .map_err(|e| match e {
         EtcdError::InvalidEndpoint { message, .. } => EtcdError::InvalidEndpoint {
-            endpoint: endpoints.join(","),
+            endpoint: endpoint.to_string(),
             message,
         },
         other => other,
@@ -280,7 +282,11 @@ fn note_timeout(e: &EtcdError, timed_out: &AtomicBool) {
 pub struct ClusterClient {
     endpoints: Vec<String>,
     config: EtcdConfig,
-    client: Client,
+    /// One client per endpoint: cluster-wide calls go to the preferred one
+    /// and move on to the next when it is unreachable; member calls reuse the
+    /// member's own client, so a cluster costs one connection per member.
+    clients: Arc<Vec<(String, Client)>>,
+    preferred: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for ClusterClient {
@@ -298,8 +304,23 @@ impl ClusterClient {
         Ok(ClusterClient {
             endpoints: endpoints.to_vec(),
             config: config.clone(),
-            client: connect(endpoints, config).await?,
+            clients: Arc::new(connect_each(endpoints, config).await?),
+            preferred: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// The client cluster-wide calls use now.
+    fn client(&self) -> Client {
+        let i = self.preferred.load(Ordering::Relaxed) % self.clients.len();
+        self.clients[i].1.clone()
+    }
+
+    /// Moves cluster-wide calls to the next endpoint after `e` said the
+    /// current one cannot be reached; the caller's retry then uses it.
+    fn note(&self, e: &EtcdError) {
+        if matches!(e, EtcdError::Unreachable(_) | EtcdError::Timeout { .. }) {
+            self.preferred.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -310,29 +331,44 @@ impl ClusterClient {
         &self.config
     }
 
-    /// A client for one member, with this cluster's TLS and deadlines.
+    /// A client for one member, with this cluster's TLS and deadlines; one
+    /// of this cluster's endpoints reuses its connection.
     pub async fn member(&self, endpoint: &str) -> Result<MemberClient> {
-        MemberClient::connect(endpoint, &self.config).await
+        match self.clients.iter().find(|(e, _)| e == endpoint) {
+            Some((_, client)) => Ok(MemberClient {
+                endpoint: endpoint.to_string(),
+                config: self.config.clone(),
+                client: client.clone(),
+            }),
+            None => MemberClient::connect(endpoint, &self.config).await,
+        }
     }
 
     /// The raw etcd-client handle, for key-value access.
     pub fn kv(&self) -> Client {
-        self.client.clone()
+        self.client()
     }
 
     pub async fn list_members(&self) -> Result<Vec<Member>> {
+        // A read: a timed-out endpoint is retried on the next one.
         retry_until(
             self.config.deadlines.request * 2,
-            |e| matches!(e, EtcdError::Unreachable(_) | EtcdError::NoLeader(_)),
+            |e| {
+                matches!(
+                    e,
+                    EtcdError::Unreachable(_) | EtcdError::NoLeader(_) | EtcdError::Timeout { .. }
+                )
+            },
             || async {
-                let mut c = self.client.clone();
+                let mut c = self.client();
                 let resp = with_deadline(
                     "member list",
                     self.config.deadlines.request,
                     None,
                     c.member_list(),
                 )
-                .await?;
+                .await
+                .inspect_err(|e| self.note(e))?;
                 Ok(resp.members().iter().map(Member::from).collect())
             },
         )
@@ -356,14 +392,15 @@ impl ClusterClient {
                 )
             },
             || async {
-                let mut c = self.client.clone();
+                let mut c = self.client();
                 let resp = with_deadline(
                     "member add",
                     self.config.deadlines.request,
                     None,
                     c.member_add(peer_urls, Some(MemberAddOptions::new().with_is_learner())),
                 )
-                .await?;
+                .await
+                .inspect_err(|e| self.note(e))?;
                 let member = resp.member().ok_or_else(|| EtcdError::Rpc {
                     code: "Internal".into(),
                     message: "member add answered without the new member".into(),
@@ -413,7 +450,7 @@ impl ClusterClient {
                 )
             },
             || async {
-                let mut c = self.client.clone();
+                let mut c = self.client();
                 let resp = with_deadline(
                     "member promote",
                     self.config.deadlines.request,
@@ -421,6 +458,7 @@ impl ClusterClient {
                     c.member_promote(member_id),
                 )
                 .await
+                .inspect_err(|e| self.note(e))
                 .inspect_err(|e| note_timeout(e, &timed_out))?;
                 Ok(resp.members().iter().map(Member::from).collect())
             },
@@ -455,7 +493,7 @@ impl ClusterClient {
                 )
             },
             || async {
-                let mut c = self.client.clone();
+                let mut c = self.client();
                 let resp = with_deadline(
                     "member remove",
                     self.config.deadlines.request,
@@ -463,6 +501,7 @@ impl ClusterClient {
                     c.member_remove(member_id),
                 )
                 .await
+                .inspect_err(|e| self.note(e))
                 .inspect_err(|e| note_timeout(e, &timed_out))?;
                 Ok(resp.members().iter().map(Member::from).collect())
             },
@@ -517,12 +556,20 @@ impl ClusterClient {
 
     /// Alarms raised anywhere in the cluster.
     pub async fn alarms(&self) -> Result<Vec<Alarm>> {
-        let mut c = self.client.clone();
-        let resp = with_deadline(
-            "alarm list",
-            self.config.deadlines.request,
-            None,
-            c.alarm(AlarmAction::Get, AlarmType::None, None),
+        let resp = retry_until(
+            self.config.deadlines.request * 2,
+            |e| matches!(e, EtcdError::Unreachable(_)),
+            || async {
+                let mut c = self.client();
+                with_deadline(
+                    "alarm list",
+                    self.config.deadlines.request,
+                    None,
+                    c.alarm(AlarmAction::Get, AlarmType::None, None),
+                )
+                .await
+                .inspect_err(|e| self.note(e))
+            },
         )
         .await?;
         Ok(resp
@@ -545,7 +592,7 @@ impl ClusterClient {
     /// Compacts the keyspace history up to the current revision and returns
     /// that revision. Compacting an already compacted revision is not an error.
     pub async fn compact_to_current(&self) -> Result<i64> {
-        let mut c = self.client.clone();
+        let mut c = self.client();
         // Serializable reads and compaction are allowed under a NOSPACE alarm.
         let resp = with_deadline(
             "read revision",
@@ -553,7 +600,8 @@ impl ClusterClient {
             None,
             c.get("\0", Some(GetOptions::new().with_keys_only().with_limit(1))),
         )
-        .await?;
+        .await
+        .inspect_err(|e| self.note(e))?;
         let revision = resp.header().map_or(0, |h| h.revision());
         if revision <= 1 {
             return Ok(revision);
@@ -567,7 +615,8 @@ impl ClusterClient {
                 Some(etcd_client::CompactionOptions::new().with_physical()),
             ),
         )
-        .await;
+        .await
+        .inspect_err(|e| self.note(e));
         match result {
             Ok(_) => Ok(revision),
             Err(EtcdError::Rpc { message, .. }) if message.contains("compacted") => Ok(revision),
@@ -584,14 +633,15 @@ impl ClusterClient {
             AlarmKind::NoSpace => AlarmType::Nospace,
             AlarmKind::Corrupt => AlarmType::Corrupt,
         };
-        let mut c = self.client.clone();
+        let mut c = self.client();
         with_deadline(
             "alarm disarm",
             self.config.deadlines.request,
             Some(alarm.member_id),
             c.alarm(AlarmAction::Deactivate, kind, Some(options)),
         )
-        .await?;
+        .await
+        .inspect_err(|e| self.note(e))?;
         Ok(())
     }
 
@@ -600,11 +650,10 @@ impl ClusterClient {
     /// Fails only if the member list itself cannot be read.
     pub async fn observe(&self) -> Result<ClusterHealth> {
         let members = self.list_members().await?;
-        let config = &self.config;
         let observations =
             futures::future::join_all(members.into_iter().map(|member| async move {
                 match member.client_urls.first() {
-                    Some(url) => observe(member.clone(), url, config).await,
+                    Some(url) => observe_through(member.clone(), self.member(url).await).await,
                     None => MemberObservation::unreachable(member, "member has not started"),
                 }
             }))
@@ -616,7 +665,12 @@ impl ClusterClient {
 /// Status and health of one member through `endpoint`; never fails, an
 /// unreachable member is an observation too.
 pub async fn observe(member: Member, endpoint: &str, config: &EtcdConfig) -> MemberObservation {
-    let client = match MemberClient::connect(endpoint, config).await {
+    observe_through(member, MemberClient::connect(endpoint, config).await).await
+}
+
+/// Status and health of one member through a client prepared for it.
+pub async fn observe_through(member: Member, client: Result<MemberClient>) -> MemberObservation {
+    let client = match client {
         Ok(c) => c,
         Err(e) => return MemberObservation::unreachable(member, &e.to_string()),
     };
@@ -680,7 +734,7 @@ impl MemberClient {
         Ok(MemberClient {
             endpoint: endpoint.to_string(),
             config: config.clone(),
-            client: connect(&[endpoint.to_string()], config).await?,
+            client: connect_one(endpoint, config).await?,
         })
     }
 

@@ -83,7 +83,15 @@ impl EtcdError {
         let id = member_id.unwrap_or_default();
         match err {
             etcd_client::Error::GRpcStatus(status) => {
-                classify_status(&format!("{:?}", status.code()), status.message(), id)
+                let code = format!("{:?}", status.code());
+                match std::error::Error::source(&status) {
+                    // Made by the client from a local failure (a connection
+                    // or tunnel that broke), not sent by etcd.
+                    Some(source) if code == "Unknown" || code == "Cancelled" => {
+                        transport(&format!("{}: {}", status.message(), error_chain(source)))
+                    }
+                    _ => classify_status(&code, status.message(), id),
+                }
             }
             etcd_client::Error::TransportError(e) => transport(&error_chain(&e)),
             etcd_client::Error::IoError(e) => transport(&e.to_string()),
@@ -168,6 +176,10 @@ pub(crate) fn classify_status(code: &str, message: &str, member_id: u64) -> Etcd
         }
     } else if code == "Unavailable" || code == "Unknown" && looks_like_tls(message) {
         transport(message)
+    } else if code == "Cancelled" && message.contains("operation was canceled") {
+        // The client's own words (not etcd's "context canceled") for a
+        // connection that died under the request: a tunnel cut or refused.
+        EtcdError::Unreachable(message.to_string())
     } else {
         EtcdError::Rpc {
             code: code.to_string(),
@@ -179,6 +191,18 @@ pub(crate) fn classify_status(code: &str, message: &str, member_id: u64) -> Etcd
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_lost_under_a_request_is_unreachable() {
+        assert!(matches!(
+            classify_status("Cancelled", "operation was canceled: connection closed", 0),
+            EtcdError::Unreachable(_)
+        ));
+        assert!(matches!(
+            classify_status("Cancelled", "context canceled", 0),
+            EtcdError::Rpc { .. }
+        ));
+    }
 
     #[test]
     fn etcd_error_strings_map_to_variants() {

@@ -11,13 +11,17 @@
 pub mod client;
 pub mod error;
 pub mod health;
+pub mod pool;
+pub mod transport;
 
 pub use client::{
     AddedMember, Alarm, AlarmKind, ClusterClient, Deadlines, EtcdConfig, MemberClient,
-    MemberStatus, SnapshotInfo, TlsMaterial, observe,
+    MemberStatus, SnapshotInfo, TlsMaterial, observe, observe_through,
 };
 pub use error::EtcdError;
 pub use health::{ClusterHealth, MemberObservation, UnsafeReason, quorum};
+pub use pool::{ClientPool, PoolSettings};
+pub use transport::{EtcdStream, Transport};
 
 /// One member as etcd's member list reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

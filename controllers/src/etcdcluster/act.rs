@@ -186,9 +186,9 @@ pub async fn execute(
             }
             Ok(())
         }
-        Step::RecoverFromNoSpace => recover_from_nospace(inputs, observed, ctx).await,
+        Step::RecoverFromNoSpace => recover_from_nospace(inputs, observed).await,
         Step::Defragment { ordinal, .. } => {
-            member_client(observed, ctx, *ordinal, inputs.tls)
+            member_client(observed, *ordinal, inputs.tls)
                 .await?
                 .defragment()
                 .await?;
@@ -208,15 +208,11 @@ pub async fn execute(
 /// A client for exactly one member, reached through the dialer.
 async fn member_client(
     observed: &Observed,
-    ctx: &Context,
     ordinal: u32,
     tls: bool,
 ) -> Result<crate::etcd::MemberClient> {
-    let url = ctx
-        .dialer
-        .dial_url(&observed.server, &observed.names().client_url(ordinal, tls))
-        .map_err(Error::Invalid)?;
-    Ok(crate::etcd::MemberClient::connect(&url, &observed.etcd_config).await?)
+    let url = observed.names().client_url(ordinal, tls);
+    Ok(etcd_client(observed).await?.member(&url).await?)
 }
 
 /// NOSPACE recovery (etcd's maintenance guide): compact the history,
@@ -224,11 +220,7 @@ async fn member_client(
 /// the freed pages return to the filesystem, then disarm the alarm. If live
 /// data alone still fills the quota, the alarm stays and the error says to
 /// raise `spec.etcd.quotaBackendBytes`.
-async fn recover_from_nospace(
-    inputs: &RenderInputs,
-    observed: &Observed,
-    ctx: &Context,
-) -> Result<()> {
+async fn recover_from_nospace(inputs: &RenderInputs, observed: &Observed) -> Result<()> {
     let health = observed
         .health
         .as_ref()
@@ -248,7 +240,7 @@ async fn recover_from_nospace(
     members.sort();
     let mut in_use = 0;
     for (_, ordinal) in &members {
-        let member = member_client(observed, ctx, *ordinal, inputs.tls).await?;
+        let member = member_client(observed, *ordinal, inputs.tls).await?;
         member.defragment().await?;
         in_use = in_use.max(member.status().await?.db_size_in_use);
     }
@@ -267,8 +259,13 @@ async fn recover_from_nospace(
     Ok(())
 }
 
+/// The client observe used (pooled), or a new one when etcd did not answer
+/// then (the steps that need etcd only run after it answered).
 async fn etcd_client(observed: &Observed) -> Result<ClusterClient> {
-    Ok(ClusterClient::connect(&observed.endpoints, &observed.etcd_config).await?)
+    match &observed.etcd {
+        Some(client) => Ok(client.clone()),
+        None => Ok(ClusterClient::connect(&observed.endpoints, &observed.etcd_config).await?),
+    }
 }
 
 /// Server-side apply with this controller's field manager.

@@ -14,6 +14,7 @@
 //! functions.
 
 pub mod act;
+pub mod memo;
 pub mod observe;
 pub mod plan;
 pub mod resolve;
@@ -58,6 +59,10 @@ pub struct ReconcilerSettings {
     /// Leaf certificates (server, peer, the controller's client identity) are
     /// reissued when they expire within this long. Leaves are valid 365 days.
     pub cert_renew_before: Duration,
+    /// How long a converged cluster's kubeconfig, PKI Secret and static
+    /// workload objects are trusted without reading them again (zero: read
+    /// every reconcile). See [`memo`].
+    pub reread_after: Duration,
 }
 
 impl Default for ReconcilerSettings {
@@ -77,6 +82,7 @@ impl Default for ReconcilerSettings {
             requeue_converged: Duration::from_secs(60),
             requeue_progress: Duration::from_secs(2),
             cert_renew_before: Duration::from_secs(30 * 86400),
+            reread_after: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -90,6 +96,13 @@ pub struct Context {
     pub management: Client,
     pub connector: WorkloadClusterConnector,
     pub dialer: Arc<dyn EtcdDialer>,
+    /// etcd clients kept between reconciles, one per cluster.
+    pub etcd_clients: crate::etcd::ClientPool,
+    /// Converged observations, to skip re-reading static objects.
+    pub memo: memo::ObservationMemo,
+    /// Per cluster, how many short requeues in a row while an operation is
+    /// in flight (the next one waits twice as long, up to `requeue_progress`).
+    pub in_flight: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     pub settings: ReconcilerSettings,
     pub profile: RenderProfile,
     pub metrics: Arc<Metrics>,
@@ -118,6 +131,9 @@ impl Context {
             management,
             connector,
             dialer,
+            etcd_clients: crate::etcd::ClientPool::default(),
+            memo: memo::ObservationMemo::default(),
+            in_flight: Default::default(),
             settings,
             profile: RenderProfile::default(),
             metrics,
@@ -205,7 +221,49 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<A
             remaining.max(ctx.settings.requeue_progress),
         ));
     }
-    Ok(requeue_for(&outcome, &ctx.settings, &cluster))
+    Ok(match in_flight_requeue(&outcome, &ctx, &cluster) {
+        Some(delay) => Action::requeue(delay),
+        None => requeue_for(&outcome, &ctx.settings, &cluster),
+    })
+}
+
+/// `ns/name` of a cluster.
+pub fn cluster_key(cluster: &EtcdCluster) -> String {
+    format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    )
+}
+
+/// While an operation is in flight, look again soon: 100 ms after a step
+/// (its effect is usually visible within that), then doubling while the
+/// planner waits, up to `requeue_progress`. `None` once the cluster is
+/// converged, paused, blocked or gone (the slow poll applies).
+pub fn in_flight_requeue(
+    outcome: &Outcome,
+    ctx: &Context,
+    cluster: &EtcdCluster,
+) -> Option<Duration> {
+    let key = cluster_key(cluster);
+    let mut in_flight = ctx.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+    let attempt = match outcome {
+        Outcome::Acted(_) => 0,
+        Outcome::Waiting(_) => in_flight.get(&key).map_or(0, |n| n + 1),
+        _ => {
+            in_flight.remove(&key);
+            return None;
+        }
+    };
+    in_flight.insert(key, attempt);
+    Some(in_flight_delay(attempt, ctx.settings.requeue_progress))
+}
+
+/// 100 ms × 2^attempt, at most `cap`.
+pub fn in_flight_delay(attempt: u32, cap: Duration) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(cap)
 }
 
 /// Requeue policy: soon while something is in flight, slowly (with jitter) when converged.
@@ -395,7 +453,13 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
             ConnectError::NoClusterReference.to_string(),
         ));
     };
-    let workload = match traced(step_span("connect", key), ctx.connector.connect(&location)).await {
+    let workload = match traced(
+        step_span("connect", key),
+        ctx.connector
+            .connect_trusting(&location, ctx.settings.reread_after),
+    )
+    .await
+    {
         Ok(w) => w,
         Err(e) => {
             let delay = ctx.connector.record_failure(&location, &e);
@@ -416,6 +480,7 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
         Ok(o) => o,
         Err(Error::WorkloadApi { server, source }) => {
             let e = ConnectError::from_workload(&server, &source);
+            ctx.memo.forget(&cluster_key(cluster));
             ctx.connector.record_failure(&location, &e);
             report.remote_unreachable(&e);
             report_step(&report, ctx, key).await?;
@@ -436,6 +501,17 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
         plan
     };
     ctx.metrics.observe_plan(&plan);
+    let (memo_key, fingerprint) = &observed.memo_key;
+    if matches!(plan, Plan::Converged) && cluster.spec.paused != Some(true) {
+        ctx.memo.remember(
+            memo_key,
+            *fingerprint,
+            observed.pki.clone(),
+            ctx.settings.reread_after,
+        );
+    } else {
+        ctx.memo.forget(memo_key);
+    }
     if cluster.spec.paused == Some(true) {
         let next = match &plan {
             Plan::Act(step) => Some(step.to_string()),
@@ -547,6 +623,16 @@ pub fn now() -> Time {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_flight_requeues_start_at_100ms_and_double_up_to_the_progress_poll() {
+        let cap = Duration::from_secs(2);
+        let delays: Vec<u64> = (0..7)
+            .map(|n| in_flight_delay(n, cap).as_millis() as u64)
+            .collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(in_flight_delay(u32::MAX, cap), cap);
+    }
 
     #[test]
     fn jitter_spreads_polls_within_twenty_percent_and_is_stable() {

@@ -21,9 +21,7 @@ use super::resolve::Resolved;
 use super::status::Report;
 use super::{Context, Error, Result};
 use crate::connector::WorkloadCluster;
-use crate::etcd::{
-    ClusterClient, ClusterHealth, EtcdConfig, TlsMaterial, observe as observe_member,
-};
+use crate::etcd::{ClusterClient, ClusterHealth, EtcdConfig, TlsMaterial, observe_through};
 use crate::pki::{CertificateAuthority, remaining_validity};
 use crate::render::{self, Names, RenderInputs};
 
@@ -51,11 +49,16 @@ pub struct Observed {
     pub pvcs: BTreeMap<u32, PersistentVolumeClaim>,
     pub pki: Option<Pki>,
     pub etcd_config: EtcdConfig,
-    /// Dialed client URLs of the member pods.
+    /// Advertised client URLs of the member pods (the dialer maps them).
     pub endpoints: Vec<String>,
+    /// The cluster's pooled etcd client, when etcd answered.
+    pub etcd: Option<ClusterClient>,
     pub health: Option<ClusterHealth>,
     /// The workload API server URL (what the dialer needs).
     pub server: String,
+    /// Cluster key and input fingerprint, to remember this observation by
+    /// if the cluster turns out converged (see [`super::memo`]).
+    pub memo_key: (String, u64),
 }
 
 impl Observed {
@@ -130,11 +133,20 @@ pub async fn observe(
     let client = workload.client.clone();
     let err = workload_err(&workload.server);
     let mut stale = Vec::new();
+    let key = format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    let fingerprint = super::memo::fingerprint(inputs, &workload.server);
+    let recalled = ctx
+        .memo
+        .recall(&key, fingerprint, ctx.settings.reread_after);
 
-    let pki = if inputs.tls {
-        read_pki(&ctx.management, cluster, &names).await?
-    } else {
-        None
+    let pki = match &recalled {
+        Some(r) => r.pki.clone(),
+        None if inputs.tls => read_pki(&ctx.management, cluster, &names).await?,
+        None => None,
     };
     let renew_before = ctx.settings.cert_renew_before;
     let fresh_cert = |pem: Option<&str>| {
@@ -148,54 +160,59 @@ pub async fn observe(
         stale.push(ObjectKind::Pki);
     }
 
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(ns).await.map_err(&err)?.is_none() {
-        stale.push(ObjectKind::Namespace);
-    }
-    let services: Api<Service> = Api::namespaced(client.clone(), ns);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    if inputs.tls {
-        for (kind, name) in [
-            (ObjectKind::ServerTlsSecret, names.server_tls_secret()),
-            (ObjectKind::PeerTlsSecret, names.peer_tls_secret()),
-        ] {
-            let fresh = match secrets.get_opt(&name).await.map_err(&err)? {
-                Some(s) => {
-                    hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}")))
-                        && pki.as_ref().is_some_and(|p| {
-                            secret_str(&s, "ca.crt").as_deref() == Some(p.ca.cert_pem())
-                        })
-                        && fresh_cert(secret_str(&s, "tls.crt").as_deref())
+    // Present and matching at the last converged reconcile: not re-read
+    // within `reread_after` (see `memo`).
+    if recalled.is_none() {
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        if namespaces.get_opt(ns).await.map_err(&err)?.is_none() {
+            stale.push(ObjectKind::Namespace);
+        }
+        let services: Api<Service> = Api::namespaced(client.clone(), ns);
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        if inputs.tls {
+            for (kind, name) in [
+                (ObjectKind::ServerTlsSecret, names.server_tls_secret()),
+                (ObjectKind::PeerTlsSecret, names.peer_tls_secret()),
+            ] {
+                let fresh = match secrets.get_opt(&name).await.map_err(&err)? {
+                    Some(s) => {
+                        hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}")))
+                            && pki.as_ref().is_some_and(|p| {
+                                secret_str(&s, "ca.crt").as_deref() == Some(p.ca.cert_pem())
+                            })
+                            && fresh_cert(secret_str(&s, "tls.crt").as_deref())
+                    }
+                    None => false,
+                };
+                if !fresh {
+                    stale.push(kind);
                 }
-                None => false,
-            };
-            if !fresh {
-                stale.push(kind);
             }
         }
-    }
-    for (kind, name) in [
-        (ObjectKind::PeerService, names.peer_service()),
-        (ObjectKind::ClientService, names.client_service()),
-    ] {
-        match services.get_opt(&name).await.map_err(&err)? {
-            Some(s) if hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}"))) => {}
-            _ => stale.push(kind),
+        for (kind, name) in [
+            (ObjectKind::PeerService, names.peer_service()),
+            (ObjectKind::ClientService, names.client_service()),
+        ] {
+            match services.get_opt(&name).await.map_err(&err)? {
+                Some(s)
+                    if hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}"))) => {}
+                _ => stale.push(kind),
+            }
         }
-    }
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
-    match pdbs.get_opt(&names.pdb()).await.map_err(&err)? {
-        Some(p) if hash_matches(&p.metadata, &inputs.identity_hash("PodDisruptionBudget")) => {}
-        _ => stale.push(ObjectKind::PodDisruptionBudget),
-    }
-    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    if configmaps
-        .get_opt(&names.members_configmap())
-        .await
-        .map_err(&err)?
-        .is_none()
-    {
-        stale.push(ObjectKind::MembersConfigMap);
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+        match pdbs.get_opt(&names.pdb()).await.map_err(&err)? {
+            Some(p) if hash_matches(&p.metadata, &inputs.identity_hash("PodDisruptionBudget")) => {}
+            _ => stale.push(ObjectKind::PodDisruptionBudget),
+        }
+        let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        if configmaps
+            .get_opt(&names.members_configmap())
+            .await
+            .map_err(&err)?
+            .is_none()
+        {
+            stale.push(ObjectKind::MembersConfigMap);
+        }
     }
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     let statefulset = statefulsets
@@ -244,6 +261,7 @@ pub async fn observe(
             server_name: Some(names.client_service_host()),
         }),
         deadlines: ctx.settings.etcd_deadlines,
+        transport: Some(crate::dialer::transport(ctx.dialer.clone(), workload)),
     };
     let sts_replicas = statefulset
         .as_ref()
@@ -251,44 +269,42 @@ pub async fn observe(
         .unwrap_or(0)
         .max(0) as u32;
     let ordinals: BTreeSet<u32> = pods.keys().copied().chain(0..sts_replicas).collect();
-    let mut endpoints = Vec::new();
-    for o in &ordinals {
-        if let Ok(url) = ctx
-            .dialer
-            .dial_url(&workload.server, &names.client_url(*o, inputs.tls))
-        {
-            endpoints.push(url);
-        }
-    }
-    let (etcd, health) = if inputs.tls && pki.is_none() {
+    let endpoints: Vec<String> = ordinals
+        .iter()
+        .map(|o| names.client_url(*o, inputs.tls))
+        .collect();
+    let pool_key = format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    let (etcd, health, etcd_client) = if inputs.tls && pki.is_none() {
         (
             EtcdObservation::Unreachable("certificates are being issued".into()),
             None,
+            None,
         )
     } else if endpoints.is_empty() {
-        (EtcdObservation::Unreachable("no member pods".into()), None)
-    } else {
-        match observe_etcd(
-            &endpoints,
-            &etcd_config,
-            &names,
-            inputs.tls,
-            &workload.server,
-            ctx,
+        (
+            EtcdObservation::Unreachable("no member pods".into()),
+            None,
+            None,
         )
-        .await
-        {
-            Ok(h) => (EtcdObservation::Observed(h.clone()), Some(h)),
-            Err(e) => (EtcdObservation::Unreachable(e), None),
+    } else {
+        match observe_etcd(&pool_key, &endpoints, &etcd_config, &names, inputs.tls, ctx).await {
+            Ok((h, c)) => (EtcdObservation::Observed(h.clone()), Some(h), Some(c)),
+            Err(e) => {
+                // Start from fresh connections next time: a broken tunnel
+                // or a replaced pod may be why etcd did not answer.
+                ctx.etcd_clients.evict(&pool_key);
+                (EtcdObservation::Unreachable(e), None, None)
+            }
         }
     };
 
     // Alarms, asked of the cluster only when it answers at all.
-    let alarms = match &health {
-        Some(_) => match ClusterClient::connect(&endpoints, &etcd_config).await {
-            Ok(c) => c.alarms().await.unwrap_or_default(),
-            Err(_) => Vec::new(),
-        },
+    let alarms = match &etcd_client {
+        Some(c) => c.alarms().await.unwrap_or_default(),
         None => Vec::new(),
     };
     let failed_members = match &health {
@@ -332,8 +348,10 @@ pub async fn observe(
         pki,
         etcd_config,
         endpoints,
+        etcd: etcd_client,
         health,
         server: workload.server.clone(),
+        memo_key: (key, fingerprint),
     })
 }
 
@@ -357,25 +375,30 @@ fn pod_observation(pod: &Pod) -> PodObservation {
 }
 
 /// Member list through any pod, then status and health of every member
-/// through its own (dialed) client URL, concurrently.
+/// through its own client URL, concurrently, all over the cluster's pooled
+/// connections.
 async fn observe_etcd(
+    pool_key: &str,
     endpoints: &[String],
     config: &EtcdConfig,
     names: &Names,
     tls: bool,
-    server: &str,
     ctx: &Context,
-) -> std::result::Result<ClusterHealth, String> {
-    let client = ClusterClient::connect(endpoints, config)
+) -> std::result::Result<(ClusterHealth, ClusterClient), String> {
+    let client = ctx
+        .etcd_clients
+        .get(pool_key, endpoints, config)
         .await
         .map_err(|e| e.to_string())?;
+    // Room for one endpoint to time out before the next one answers.
     let members = tokio::time::timeout(
-        config.deadlines.request + Duration::from_secs(1),
+        config.deadlines.request * 2 + Duration::from_secs(1),
         client.list_members(),
     )
     .await
     .map_err(|_| "member list timed out".to_string())?
     .map_err(|e| e.to_string())?;
+    let client_ref = &client;
     let observations = futures::future::join_all(members.into_iter().map(|member| async move {
         let advertised = member.client_urls.first().cloned().or_else(|| {
             member
@@ -384,15 +407,16 @@ async fn observe_etcd(
                 .and_then(|u| names.ordinal_of_peer_url(u))
                 .map(|o| names.client_url(o, tls))
         });
-        match advertised.map(|u| ctx.dialer.dial_url(server, &u)) {
-            Some(Ok(url)) if member.is_started() => observe_member(member, &url, config).await,
-            Some(Ok(_)) => {
+        match advertised {
+            Some(url) if member.is_started() => {
+                observe_through(member, client_ref.member(&url).await).await
+            }
+            Some(_) => {
                 crate::etcd::MemberObservation::unreachable(member, "member has not started")
             }
-            Some(Err(e)) => crate::etcd::MemberObservation::unreachable(member, &e),
             None => crate::etcd::MemberObservation::unreachable(member, "member has no known URL"),
         }
     }))
     .await;
-    Ok(ClusterHealth::new(observations))
+    Ok((ClusterHealth::new(observations), client))
 }

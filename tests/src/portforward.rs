@@ -1,0 +1,447 @@
+//! `pods/portforward` as the test world's API servers serve it: the
+//! websocket protocol kube's client speaks (`v4.channel.k8s.io`), bridged to
+//! the pod's address in the workload runtime.
+//!
+//! The protocol, per forwarded port `i` (in the order of the `ports` query
+//! parameter): channel `2i` carries data both ways, channel `2i+1` carries
+//! an error message from the server. Each channel's first server frame is
+//! the port number, little-endian (the client checks it). Every websocket
+//! binary message starts with its channel byte.
+//!
+//! One TCP connection to the pod is opened per port per request, as the
+//! kubelet does; if it cannot be opened the error channel says so and the
+//! stream closes.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{SinkExt, StreamExt};
+use http::{Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+
+/// What the test API server calls for `.../pods/<pod>/portforward`
+/// (arguments: the request, the namespace, the pod).
+pub type UpgradeHandler = Arc<
+    dyn Fn(Request<Incoming>, String, String) -> BoxFuture<'static, Response<Full<Bytes>>>
+        + Send
+        + Sync,
+>;
+
+/// Where a pod listens: `(namespace, pod)` → its IP, if it has one.
+pub type PodAddresses = Arc<dyn Fn(&str, &str) -> Option<Ipv4Addr> + Send + Sync>;
+
+/// The subprotocol answered (kube's client offers v5 and v4; v4 is what
+/// API servers answer for port-forward).
+pub const PROTOCOL: &str = "v4.channel.k8s.io";
+
+/// Serves port-forward to the pods `addresses` knows; counts tunnels and can
+/// break every open one (to test that the controller recovers).
+pub struct PortForwardServer {
+    addresses: PodAddresses,
+    opened: AtomicU64,
+    /// Bumped to cut every open tunnel.
+    breaker: watch::Sender<u64>,
+}
+
+impl PortForwardServer {
+    pub fn new(addresses: PodAddresses) -> Arc<Self> {
+        Arc::new(PortForwardServer {
+            addresses,
+            opened: AtomicU64::new(0),
+            breaker: watch::channel(0).0,
+        })
+    }
+
+    /// For a workload runtime: pods at their runtime IPs.
+    pub fn for_runtime(runtime: std::sync::Weak<crate::runtime::WorkloadRuntime>) -> Arc<Self> {
+        Self::new(Arc::new(move |ns: &str, pod: &str| {
+            runtime.upgrade()?.pod_ip(ns, pod)
+        }))
+    }
+
+    /// Tunnels (upgraded requests) served so far.
+    pub fn tunnels_opened(&self) -> u64 {
+        self.opened.load(Ordering::SeqCst)
+    }
+
+    /// Closes every open tunnel, as an API server restart or a dropped
+    /// connection would.
+    pub fn break_tunnels(&self) {
+        self.breaker.send_modify(|g| *g += 1);
+    }
+
+    /// The handler to plug into a served API.
+    pub fn handler(self: &Arc<Self>) -> UpgradeHandler {
+        let server = self.clone();
+        Arc::new(move |req, ns, pod| {
+            let server = server.clone();
+            Box::pin(async move { server.serve(req, ns, pod) })
+        })
+    }
+
+    fn serve(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        ns: String,
+        pod: String,
+    ) -> Response<Full<Bytes>> {
+        let ports = match ports_of(req.uri()) {
+            Ok(p) => p,
+            Err(message) => return status(StatusCode::BAD_REQUEST, &message),
+        };
+        let upgrade = req
+            .headers()
+            .get(header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+        let key = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned();
+        let offers_v4 = req
+            .headers()
+            .get(header::SEC_WEBSOCKET_PROTOCOL)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|p| p.trim() == PROTOCOL));
+        let (Some(key), true, true) = (key, upgrade, offers_v4) else {
+            return status(
+                StatusCode::BAD_REQUEST,
+                &format!("port-forward needs a websocket upgrade offering {PROTOCOL}"),
+            );
+        };
+        let Some(ip) = (self.addresses)(&ns, &pod) else {
+            return status(
+                StatusCode::NOT_FOUND,
+                &format!("pods \"{pod}\" not found or has no IP in namespace {ns}"),
+            );
+        };
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        let broken = self.breaker.subscribe();
+        tokio::spawn(async move {
+            match hyper::upgrade::on(req).await {
+                Ok(upgraded) => {
+                    let ws = WebSocketStream::from_raw_socket(
+                        TokioIo::new(upgraded),
+                        Role::Server,
+                        None,
+                    )
+                    .await;
+                    if let Err(e) = bridge(ws, ip, &ports, broken).await {
+                        tracing::debug!(error = %e, %ns, %pod, "port-forward ended");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "port-forward upgrade failed"),
+            }
+        });
+        let accept = derive_accept_key(key.as_bytes());
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let headers = response.headers_mut();
+        headers.insert(header::CONNECTION, "Upgrade".parse().expect("static"));
+        headers.insert(header::UPGRADE, "websocket".parse().expect("static"));
+        headers.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            PROTOCOL.parse().expect("static"),
+        );
+        if let Ok(accept) = accept.parse() {
+            headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+        }
+        response
+    }
+}
+
+fn status(code: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "code": code.as_u16(),
+    });
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        "application/json".parse().expect("static"),
+    );
+    response
+}
+
+/// The `ports` query parameter (`ports=2379` or `ports=80%2C1234`, possibly
+/// repeated).
+pub fn ports_of(uri: &http::Uri) -> Result<Vec<u16>, String> {
+    let mut ports = Vec::new();
+    for pair in uri.query().unwrap_or_default().split('&') {
+        if let Some(value) = pair.strip_prefix("ports=") {
+            for p in value.replace("%2C", ",").replace("%2c", ",").split(',') {
+                ports.push(
+                    p.parse::<u16>()
+                        .map_err(|_| format!("invalid port {p:?} in ports parameter"))?,
+                );
+            }
+        }
+    }
+    if ports.is_empty() {
+        return Err("at least one port must be given in the ports parameter".into());
+    }
+    Ok(ports)
+}
+
+type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+/// Runs the tunnel: one TCP connection per port, bytes both ways, until the
+/// client closes, the pod closes, or the tunnel is broken on purpose.
+async fn bridge(
+    ws: Ws,
+    ip: Ipv4Addr,
+    ports: &[u16],
+    mut broken: watch::Receiver<u64>,
+) -> anyhow::Result<()> {
+    let (mut sink, mut stream) = ws.split();
+    // Announce each port on its data and error channel, as the client expects.
+    for (i, port) in ports.iter().enumerate() {
+        let [lo, hi] = port.to_le_bytes();
+        let ch = (2 * i) as u8;
+        sink.send(Message::binary(vec![ch, lo, hi])).await?;
+        sink.send(Message::binary(vec![ch + 1, lo, hi])).await?;
+    }
+    let (to_client, mut outgoing) = mpsc::channel::<Message>(16);
+    let mut writers = Vec::with_capacity(ports.len());
+    for (i, port) in ports.iter().enumerate() {
+        let ch = (2 * i) as u8;
+        match tokio::net::TcpStream::connect((ip, *port)).await {
+            Ok(tcp) => {
+                let (mut read, write) = tcp.into_split();
+                writers.push(Some(write));
+                let to_client = to_client.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 32 * 1024];
+                    loop {
+                        match read.read(&mut buf[1..]).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                buf[0] = ch;
+                                let frame = Message::binary(buf[..=n].to_vec());
+                                if to_client.send(frame).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    // The pod closed: so does the tunnel (v4 cannot half-close).
+                    let _ = to_client.send(Message::Close(None)).await;
+                });
+            }
+            Err(e) => {
+                writers.push(None);
+                let mut frame = vec![ch + 1];
+                frame.extend_from_slice(
+                    format!("error forwarding port {port} to pod at {ip}: {e}").as_bytes(),
+                );
+                to_client.send(Message::binary(frame)).await?;
+            }
+        }
+    }
+    drop(to_client);
+    loop {
+        tokio::select! {
+            _ = broken.changed() => {
+                // Cut without a close frame, like a lost connection.
+                return Ok(());
+            }
+            out = outgoing.recv() => match out {
+                Some(message) => {
+                    let close = message.is_close();
+                    sink.send(message).await?;
+                    if close {
+                        return Ok(());
+                    }
+                }
+                None => {
+                    // No port could be opened; the errors were sent.
+                    sink.send(Message::Close(None)).await?;
+                    return Ok(());
+                }
+            },
+            incoming = stream.next() => match incoming {
+                Some(Ok(Message::Binary(data))) if !data.is_empty() => {
+                    let ch = data[0] as usize;
+                    if ch.is_multiple_of(2)
+                        && let Some(Some(writer)) = writers.get_mut(ch / 2)
+                        && writer.write_all(&data[1..]).await.is_err()
+                    {
+                        writers[ch / 2] = None;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Ok(()),
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+}
+
+/// A plain-HTTP server answering only `pods/<pod>/portforward` with
+/// `server`'s handler (everything else is 404), and a kube client for it.
+/// For tests whose workload API is in-process (no served HTTP API): the
+/// controller's port-forward dialer then goes through it.
+pub struct ServedPortForward {
+    pub url: String,
+    pub client: kube::Client,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ServedPortForward {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `/api/v1/namespaces/<ns>/pods/<pod>/portforward` → `(ns, pod)`.
+pub fn portforward_target(path: &str) -> Option<(String, String)> {
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    let mut parts = rest.split('/');
+    let (ns, kind, pod, sub) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    (kind == "pods" && sub == "portforward" && parts.next().is_none())
+        .then(|| (ns.to_string(), pod.to_string()))
+}
+
+pub async fn serve(handler: UpgradeHandler) -> anyhow::Result<ServedPortForward> {
+    serve_now(handler)
+}
+
+/// [`serve`] from synchronous code (inside a Tokio runtime).
+pub fn serve_now(handler: UpgradeHandler) -> anyhow::Result<ServedPortForward> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let handler = handler.clone();
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            match portforward_target(req.uri().path()) {
+                                Some((ns, pod)) => handler(req, ns, pod).await,
+                                None => status(
+                                    StatusCode::NOT_FOUND,
+                                    "only port-forward is served here",
+                                ),
+                            },
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    // Plain HTTP, so no TLS stack is involved in the test client.
+    let config = kube::Config::new(url.parse()?);
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<kube::client::Body>();
+    let service = tower::ServiceBuilder::new()
+        .layer(kube::client::ConfigExt::base_uri_layer(&config))
+        .service(http);
+    let client = kube::Client::new(service, "default");
+    Ok(ServedPortForward { url, client, task })
+}
+
+/// Port-forward for every workload of `fleet`: a served handler per
+/// workload (bridging to its runtime) and the controller's
+/// [`PortForwardDialer`](etcdfleet_controllers::dialer::PortForwardDialer)
+/// going through them.
+pub struct FleetPortForward {
+    pub dialer: Arc<etcdfleet_controllers::dialer::PortForwardDialer>,
+    pub servers: std::collections::BTreeMap<String, Arc<PortForwardServer>>,
+}
+
+impl FleetPortForward {
+    pub async fn new(fleet: &crate::fleet::Fleet) -> anyhow::Result<Self> {
+        Self::start(fleet)
+    }
+
+    /// [`new`](Self::new) from synchronous code (inside a Tokio runtime).
+    pub fn start(fleet: &crate::fleet::Fleet) -> anyhow::Result<Self> {
+        let mut servers = std::collections::BTreeMap::new();
+        let mut clients = std::collections::BTreeMap::new();
+        let mut served = Vec::new();
+        for name in fleet.workload_names() {
+            let server = PortForwardServer::for_runtime(fleet.runtime_handle(&name));
+            let s = serve_now(server.handler())?;
+            clients.insert(fleet.server_url(&name), s.client.clone());
+            servers.insert(name, server);
+            served.push(s);
+        }
+        // The dialer holds the servers: they serve as long as it is used.
+        let served = Arc::new(served);
+        let dialer = etcdfleet_controllers::dialer::PortForwardDialer::with_api(Arc::new(
+            move |w: &etcdfleet_controllers::connector::WorkloadCluster| {
+                let _alive = &served;
+                clients.get(&w.server).cloned()
+            },
+        ));
+        Ok(FleetPortForward {
+            dialer: Arc::new(dialer),
+            servers,
+        })
+    }
+
+    /// Tunnels opened by all workloads' API servers.
+    pub fn tunnels_opened(&self) -> u64 {
+        self.servers.values().map(|s| s.tunnels_opened()).sum()
+    }
+
+    pub fn break_tunnels(&self) {
+        for s in self.servers.values() {
+            s.break_tunnels();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_read_from_the_query_as_kube_encodes_them() {
+        let uri: http::Uri = "/api/v1/namespaces/ns/pods/foo/portforward?&ports=80%2C1234"
+            .parse()
+            .unwrap();
+        assert_eq!(ports_of(&uri).unwrap(), vec![80, 1234]);
+        let uri: http::Uri = "/x?ports=2379".parse().unwrap();
+        assert_eq!(ports_of(&uri).unwrap(), vec![2379]);
+        let uri: http::Uri = "/x?ports=http".parse().unwrap();
+        assert!(ports_of(&uri).is_err());
+        let uri: http::Uri = "/x".parse().unwrap();
+        assert!(ports_of(&uri).is_err());
+    }
+
+    #[test]
+    fn only_pod_portforward_paths_are_targets() {
+        assert_eq!(
+            portforward_target("/api/v1/namespaces/ns/pods/p-0/portforward"),
+            Some(("ns".into(), "p-0".into()))
+        );
+        assert_eq!(portforward_target("/api/v1/namespaces/ns/pods/p-0"), None);
+        assert_eq!(
+            portforward_target("/api/v1/namespaces/ns/services/p/portforward"),
+            None
+        );
+    }
+}

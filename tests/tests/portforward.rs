@@ -1,0 +1,289 @@
+//! Reaching etcd through `pods/portforward` (issue 12): the test world's
+//! port-forward handler with kube's own client on the other side, then the
+//! controller's port-forward dialer end to end on real etcd: lifecycle,
+//! TLS verified through the tunnel, recovery from broken tunnels, and one
+//! connection per member kept across polls.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use etcdfleet_controllers::connector::WorkloadCluster;
+use etcdfleet_controllers::dialer::{self, EtcdDialer, PortForwardDialer};
+use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, EtcdError};
+use etcdfleet_controllers::etcdcluster::Outcome;
+use etcdfleet_tests::driver::{TestController, fast_settings};
+use etcdfleet_tests::etcd_harness::{ClusterOptions, EtcdVersion, LocalEtcdCluster, require_etcd};
+use etcdfleet_tests::fleet::Fleet;
+use etcdfleet_tests::portforward::{FleetPortForward, PortForwardServer, serve};
+use etcdfleet_tests::scenario::{
+    NS, cluster, converge_all, create, etcd_of, get, put, read_everywhere,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A port-forward server whose only pod, `ns/etcd-0`, is at 127.0.0.1.
+async fn loopback_portforward() -> Result<(
+    Arc<PortForwardServer>,
+    etcdfleet_tests::portforward::ServedPortForward,
+)> {
+    let server = PortForwardServer::new(Arc::new(|ns: &str, pod: &str| {
+        (ns == "ns" && pod == "etcd-0").then_some(std::net::Ipv4Addr::LOCALHOST)
+    }));
+    let served = serve(server.handler()).await?;
+    Ok((server, served))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubes_portforward_client_reaches_a_real_etcd_through_the_served_handler() -> Result<()> {
+    let Some(binary) = require_etcd(EtcdVersion::V3_5) else {
+        return Ok(());
+    };
+    let etcd = LocalEtcdCluster::start(ClusterOptions::new(1, binary)).await?;
+    let port = etcd.member(0).client_port;
+    let (server, served) = loopback_portforward().await?;
+
+    // Raw protocol first: kube's Portforwarder carries an HTTP/2 preface to
+    // etcd and etcd's HTTP/2 settings frame comes back.
+    let pods: Api<Pod> = Api::namespaced(served.client.clone(), "ns");
+    let mut forwarder = pods.portforward("etcd-0", &[port]).await?;
+    let mut stream = forwarder.take_stream(port).context("no stream")?;
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await?;
+    let mut head = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut head)).await??;
+    assert_eq!(
+        head[3], 0x04,
+        "etcd answers with a SETTINGS frame: {head:?}"
+    );
+    drop(stream);
+
+    // Then the controller's dialer: etcd calls work and share one tunnel.
+    let dialer: Arc<dyn EtcdDialer> = Arc::new(PortForwardDialer::with_api(Arc::new({
+        let client = served.client.clone();
+        move |_: &WorkloadCluster| Some(client.clone())
+    })));
+    let workload = WorkloadCluster {
+        server: served.url.clone(),
+        client: served.client.clone(),
+    };
+    let config = EtcdConfig {
+        transport: Some(dialer::transport(dialer, &workload)),
+        ..EtcdConfig::default()
+    };
+    let before = server.tunnels_opened();
+    let client =
+        ClusterClient::connect(&[format!("http://etcd-0.peer.ns.svc:{port}")], &config).await?;
+    client.kv().put("through", "the tunnel", None).await?;
+    let members = client.list_members().await?;
+    assert_eq!(members.len(), 1);
+    let got = client.kv().get("through", None).await?;
+    assert_eq!(got.kvs()[0].value(), b"the tunnel");
+    assert_eq!(
+        server.tunnels_opened() - before,
+        1,
+        "every call rides one tunnel"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_is_missing_or_not_listening_fails_the_call_instead_of_hanging() -> Result<()> {
+    let (_server, served) = loopback_portforward().await?;
+    let dialer: Arc<dyn EtcdDialer> = Arc::new(PortForwardDialer::with_api(Arc::new({
+        let client = served.client.clone();
+        move |_: &WorkloadCluster| Some(client.clone())
+    })));
+    let workload = WorkloadCluster {
+        server: served.url.clone(),
+        client: served.client.clone(),
+    };
+    let config = EtcdConfig {
+        transport: Some(dialer::transport(dialer, &workload)),
+        ..EtcdConfig::default()
+    };
+    // Port 1: the pod exists but nothing listens; etcd-9: no such pod.
+    for url in [
+        "http://etcd-0.peer.ns.svc:1",
+        "http://etcd-9.peer.ns.svc:2379",
+    ] {
+        let client = ClusterClient::connect(&[url.to_string()], &config).await?;
+        let started = std::time::Instant::now();
+        let result = client.list_members().await;
+        assert!(
+            matches!(
+                result,
+                Err(EtcdError::Unreachable(_) | EtcdError::Timeout { .. })
+            ),
+            "{url}: {result:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{url}: took {:?}",
+            started.elapsed()
+        );
+    }
+    Ok(())
+}
+
+/// A controller reaching etcd only through port-forward tunnels.
+fn tunnel_controller(fleet: &Fleet, pf: &FleetPortForward) -> TestController {
+    TestController::new(
+        fleet.management(),
+        fleet.client_factory(),
+        pf.dialer.clone(),
+        fast_settings(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lifecycle_through_port_forward_creates_scales_and_keeps_data() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let pf = FleetPortForward::new(&fleet).await?;
+    let mut ctl = tunnel_controller(&fleet, &pf);
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let status = get(&fleet, "etcd-a").await?.status.context("status")?;
+    assert_eq!(status.ready_members, 3, "{status:#?}");
+    assert!(
+        pf.tunnels_opened() >= 3,
+        "members were reached through tunnels"
+    );
+    put(&fleet, "a", "etcd-a", 3, "tunnelled").await?;
+
+    etcdfleet_tests::scenario::set_replicas(&fleet, "etcd-a", 5).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    read_everywhere(&fleet, "a", "etcd-a", 5, "tunnelled").await?;
+    assert_eq!(
+        get(&fleet, "etcd-a").await?.status.unwrap().ready_members,
+        5
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_through_the_tunnel_is_verified_against_the_client_service_name() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let pf = FleetPortForward::new(&fleet).await?;
+    let mut ctl = tunnel_controller(&fleet, &pf);
+    create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+
+    let (_, config) = etcd_of(&fleet, "a", "etcd-a", 1).await?;
+    let names =
+        etcdfleet_controllers::render::Names::new("etcd-a", etcdfleet_tests::scenario::WORKLOAD_NS);
+    let workload = WorkloadCluster {
+        server: fleet.server_url("a"),
+        client: fleet.workload_client("a"),
+    };
+    let dialer: Arc<dyn EtcdDialer> = pf.dialer.clone();
+    let through = |config: EtcdConfig| EtcdConfig {
+        transport: Some(dialer::transport(dialer.clone(), &workload)),
+        ..config
+    };
+    let url = names.client_url(0, true);
+
+    let good = ClusterClient::connect(std::slice::from_ref(&url), &through(config.clone())).await?;
+    assert_eq!(good.list_members().await?.len(), 1);
+
+    let mut wrong = config.clone();
+    if let Some(tls) = wrong.tls.as_mut() {
+        tls.server_name = Some("not-the-etcd-service.example".into());
+    }
+    let bad = ClusterClient::connect(std::slice::from_ref(&url), &through(wrong)).await?;
+    let result = bad.list_members().await;
+    assert!(
+        matches!(result, Err(EtcdError::Tls(_))),
+        "a wrong server name must fail TLS verification: {result:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tunnel_broken_mid_reconcile_recovers_without_replacing_members() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let pf = FleetPortForward::new(&fleet).await?;
+    let mut ctl = tunnel_controller(&fleet, &pf);
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let members_before: Vec<_> = get(&fleet, "etcd-a").await?.status.unwrap().members;
+
+    // Cut every tunnel while a reconcile is under way, then a few more times.
+    let reconcile = ctl.reconcile(NS, "etcd-a");
+    let cut = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        pf.break_tunnels();
+    };
+    let (first, ()) = tokio::join!(reconcile, cut);
+    eprintln!("reconcile during the cut: {first:?}");
+    let opened_before = pf.tunnels_opened();
+    let mut outcome = None;
+    for _ in 0..10 {
+        fleet.sync_all().await?;
+        match ctl.reconcile(NS, "etcd-a").await {
+            Ok(Outcome::Converged) => {
+                outcome = Some(Outcome::Converged);
+                break;
+            }
+            other => {
+                eprintln!("after the cut: {other:?}");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+    assert_eq!(outcome, Some(Outcome::Converged), "the controller recovers");
+    assert!(
+        pf.tunnels_opened() > opened_before,
+        "new tunnels replaced the broken ones"
+    );
+    let members_after = get(&fleet, "etcd-a").await?.status.unwrap().members;
+    let ids = |m: &[etcdfleet_api::MemberStatus]| {
+        let mut ids: Vec<_> = m.iter().map(|m| m.id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(
+        ids(&members_before),
+        ids(&members_after),
+        "no member replaced"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_converged_cluster_polled_many_times_keeps_one_connection_per_member() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let pf = FleetPortForward::new(&fleet).await?;
+    let mut ctl = tunnel_controller(&fleet, &pf);
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+
+    // A fresh controller (empty pool) polling a converged cluster N times.
+    let ctl = tunnel_controller(&fleet, &pf);
+    let before = pf.tunnels_opened();
+    const POLLS: usize = 8;
+    for _ in 0..POLLS {
+        assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+    }
+    let opened = pf.tunnels_opened() - before;
+    assert_eq!(
+        opened, 3,
+        "{POLLS} polls open one connection per member, once"
+    );
+    assert_eq!(ctl.ctx.etcd_clients.clients_built(), 1);
+    Ok(())
+}
