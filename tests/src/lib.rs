@@ -5,3 +5,4 @@ pub mod fleet;
 pub mod namespaces;
 pub mod runtime;
 pub mod scenario;
+pub mod ssa;
