@@ -30,6 +30,76 @@ use crate::etcdcluster::plan::{
 use crate::etcdcluster::resolve::{REBASE_ANNOTATION, render_inputs, resolve_own_spec};
 use crate::render::{self, Names, RenderInputs, RenderProfile};
 
+/// One YAML document read as the API server reads a JSON body: integers
+/// beyond 64 bits become floats (which the schema then refuses with the
+/// field's path) instead of failing the whole stream; map keys are strings.
+struct JsonDocument(serde_json::Value);
+
+impl<'de> Deserialize<'de> for JsonDocument {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(JsonVisitor).map(JsonDocument)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> serde::de::Visitor<'de> for JsonVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a YAML value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i128<E>(self, v: i128) -> Result<Self::Value, E> {
+        Ok((v as f64).into())
+    }
+    fn visit_u128<E>(self, v: u128) -> Result<Self::Value, E> {
+        Ok((v as f64).into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        // NaN and infinities have no JSON form: null, which no schema accepts.
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(JsonVisitor)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(JsonDocument(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(out.into())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some((JsonDocument(k), JsonDocument(v))) = map.next_entry()? {
+            let key = match k {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            out.insert(key, v);
+        }
+        Ok(out.into())
+    }
+}
+
 /// Bad input files.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -128,7 +198,8 @@ impl Manifests {
                 index,
                 message,
             };
-            let value = serde_yaml::Value::deserialize(doc).map_err(|e| err(e.to_string()))?;
+            let JsonDocument(value) =
+                JsonDocument::deserialize(doc).map_err(|e| err(e.to_string()))?;
             self.add_value(value, source_name, index).map_err(err)?;
         }
         Ok(())
@@ -136,7 +207,7 @@ impl Manifests {
 
     fn add_value(
         &mut self,
-        value: serde_yaml::Value,
+        value: serde_json::Value,
         source_name: &str,
         index: usize,
     ) -> Result<(), String> {
@@ -159,7 +230,7 @@ impl Manifests {
             "List" | "EtcdClusterList" | "EtcdTemplateList" | "ClusterEtcdTemplateList" => {
                 let items = value
                     .get("items")
-                    .and_then(|i| i.as_sequence())
+                    .and_then(|i| i.as_array())
                     .cloned()
                     .unwrap_or_default();
                 for item in items {
@@ -173,15 +244,7 @@ impl Manifests {
                     object: format!("{kind} {name:?}"),
                     errors,
                 };
-                // Through JSON, as the API server sees it: YAML-only forms
-                // (non-string keys, tags) are refused here with a path.
-                let json = match serde_json::to_value(&value) {
-                    Ok(json) => json,
-                    Err(e) => {
-                        self.invalid.push(invalid(vec![e.to_string()]));
-                        return Ok(());
-                    }
-                };
+                let json = value;
                 if let Err(errors) = validate_offline(&kind, &json) {
                     self.invalid.push(invalid(errors));
                     return Ok(());
