@@ -1145,6 +1145,51 @@ spec:
     }
 
     #[test]
+    fn plan_exit_code_prefers_input_errors_then_blocked_then_changes() {
+        let members = [
+            member(0, "3.5.1", true, true),
+            member(1, "3.5.1", false, true),
+            member(2, "3.5.1", false, true),
+        ];
+        let converged = plan(&cluster(
+            "  version: 3.5.1\n  replicas: 3\n",
+            "3.5.1",
+            &members,
+        ));
+        let scaling = plan(&cluster(
+            "  version: 3.5.1\n  replicas: 5\n",
+            "3.5.1",
+            &members,
+        ));
+        let rejected = plan(&cluster(
+            "  version: 3.4.0\n  replicas: 3\n",
+            "3.5.1",
+            &members,
+        ));
+        let paused = plan(&cluster(
+            "  version: 3.5.1\n  replicas: 5\n  paused: true\n",
+            "3.5.1",
+            &members,
+        ));
+        assert_eq!(converged[0].outcome(), PlanOutcome::NoChange);
+        assert_eq!(scaling[0].outcome(), PlanOutcome::Changes);
+        assert_eq!(rejected[0].outcome(), PlanOutcome::Blocked);
+        assert_eq!(paused[0].outcome(), PlanOutcome::NoChange);
+        let all: Vec<ClusterPlan> = [&converged, &scaling, &rejected]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        assert_eq!(plan_exit_code(&converged, 0), EXIT_NO_CHANGE);
+        assert_eq!(
+            plan_exit_code(&[converged[0].clone(), scaling[0].clone()], 0),
+            EXIT_CHANGES
+        );
+        assert_eq!(plan_exit_code(&all, 0), EXIT_BLOCKED);
+        assert_eq!(plan_exit_code(&all, 1), EXIT_INPUT_ERROR);
+    }
+
+    #[test]
     fn plan_converged_is_no_change() {
         let members = [
             member(0, "3.5.1", true, true),
