@@ -315,7 +315,10 @@ fn cel_replicas_odd_between_1_and_7() {
 fn cel_version_must_be_etcd_3() {
     for bad in ["4.0.0", "10.20.30", "2.3.8"] {
         let msg = messages(with_ref(&format!("  version: '{bad}'\n")).validate_cel());
-        assert!(msg.contains("version must be an etcd 3 version"), "{bad:?}: {msg:?}");
+        assert!(
+            msg.contains("version must be an etcd 3 version"),
+            "{bad:?}: {msg:?}"
+        );
     }
 }
 
