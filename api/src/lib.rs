@@ -6,6 +6,7 @@ pub mod backup;
 pub mod conditions;
 pub mod template;
 pub mod types;
+pub mod validation;
 pub mod version;
 
 pub use backup::{

@@ -8,3 +8,4 @@ pub mod portforward;
 pub mod runtime;
 pub mod s3;
 pub mod scenario;
+pub mod ssa;
