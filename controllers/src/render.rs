@@ -32,6 +32,10 @@ use serde::Serialize;
 
 /// Annotation holding the hash of the inputs an object was rendered from.
 pub const INPUTS_HASH: &str = "etcdfleet.dev/inputs-hash";
+/// Annotation on the pod template (and so on every pod made from it) holding
+/// the StatefulSet's inputs hash: a pod whose value differs from the
+/// template's was made from an older template and is rolled.
+pub const TEMPLATE_HASH: &str = "etcdfleet.dev/template-hash";
 /// Label naming the management-side owner (`<namespace>.<name>`) of a workload object.
 /// Workload objects never carry ownerReferences across clusters.
 pub const OWNER_LABEL: &str = "etcdfleet.dev/owner";
@@ -609,7 +613,11 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: overrides.annotations.clone(),
+                    annotations: Some({
+                        let mut a = overrides.annotations.clone().unwrap_or_default();
+                        a.insert(TEMPLATE_HASH.to_string(), inputs.statefulset_hash());
+                        a
+                    }),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -663,6 +671,42 @@ pub fn statefulset_image(sts: &StatefulSet) -> Option<&str> {
         .find(|c| c.name == "etcd")?
         .image
         .as_deref()
+}
+
+/// The template hash of a StatefulSet's pod template, if stamped.
+pub fn statefulset_template_hash(sts: &StatefulSet) -> Option<&str> {
+    sts.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(TEMPLATE_HASH)
+        .map(String::as_str)
+}
+
+/// The owner label of a workload object, if any.
+pub fn owner_of(meta: &ObjectMeta) -> Option<&str> {
+    meta.labels.as_ref()?.get(OWNER_LABEL).map(String::as_str)
+}
+
+/// The storage a StatefulSet's claim template asks for: (class, size).
+pub fn statefulset_storage(sts: &StatefulSet) -> Option<(Option<String>, Option<String>)> {
+    let claim = sts
+        .spec
+        .as_ref()?
+        .volume_claim_templates
+        .as_ref()?
+        .first()?;
+    let spec = claim.spec.as_ref()?;
+    let size = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone());
+    Some((spec.storage_class_name.clone(), size))
 }
 
 /// The inputs hash an object carries, if any.

@@ -614,6 +614,9 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
     let patch = serde_json::json!({
         "metadata": { "finalizers": finalizers, "resourceVersion": cluster.resource_version() }
     });
+    if let Some(location) = KubeconfigLocation::of(cluster) {
+        ctx.connector.forget(&location);
+    }
     ctx.metrics.set_cluster_conditions(
         &format!(
             "{}/{}",
@@ -639,43 +642,60 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
 async fn cleanup_workload(cluster: &EtcdCluster, ctx: &Context) -> Result<()> {
     let location = KubeconfigLocation::of(cluster).ok_or(ConnectError::NoClusterReference)?;
     let workload = ctx.connector.connect(&location).await?;
-    // The workload namespace comes from the spec as last resolved.
-    let ns = super::resolve::resolve_own_spec(&cluster.spec)
-        .map(|r| r.spec.workload_namespace)
-        .unwrap_or_else(|_| etcdfleet_api::template::DEFAULT_WORKLOAD_NAMESPACE.to_string());
+    // The workload namespace this resource manages: the recorded identity,
+    // else the spec as last resolved.
+    let ns = match cluster.status.as_ref().and_then(|s| s.identity.as_ref()) {
+        Some(identity) => identity.workload_namespace.clone(),
+        None => super::resolve::resolve_own_spec(&cluster.spec)
+            .map(|r| r.spec.workload_namespace)
+            .unwrap_or_else(|_| etcdfleet_api::template::DEFAULT_WORKLOAD_NAMESPACE.to_string()),
+    };
     let names = Names::new(&cluster.name_any(), &ns);
+    // Only objects carrying this cluster's owner label are deleted.
+    let owner = format!(
+        "{}.{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    let owner = owner.as_str();
     let client = workload.client.clone();
     let err = |source| Error::WorkloadApi {
         server: workload.server.clone(),
         source,
     };
-    delete_named::<StatefulSet>(&client, &ns, &names.statefulset())
+    delete_named::<StatefulSet>(&client, &ns, owner, &names.statefulset())
         .await
         .map_err(err)?;
-    delete_named::<PodDisruptionBudget>(&client, &ns, &names.pdb())
+    delete_named::<PodDisruptionBudget>(&client, &ns, owner, &names.pdb())
         .await
         .map_err(err)?;
-    delete_named::<Service>(&client, &ns, &names.client_service())
+    delete_named::<Service>(&client, &ns, owner, &names.client_service())
         .await
         .map_err(err)?;
-    delete_named::<Service>(&client, &ns, &names.peer_service())
+    delete_named::<Service>(&client, &ns, owner, &names.peer_service())
         .await
         .map_err(err)?;
-    delete_named::<ConfigMap>(&client, &ns, &names.members_configmap())
+    delete_named::<ConfigMap>(&client, &ns, owner, &names.members_configmap())
         .await
         .map_err(err)?;
-    delete_named::<Secret>(&client, &ns, &names.server_tls_secret())
+    delete_named::<Secret>(&client, &ns, owner, &names.server_tls_secret())
         .await
         .map_err(err)?;
-    delete_named::<Secret>(&client, &ns, &names.peer_tls_secret())
+    delete_named::<Secret>(&client, &ns, owner, &names.peer_tls_secret())
         .await
         .map_err(err)?;
     Ok(())
 }
 
-/// Deletes an object of ours if it exists, with UID/resourceVersion preconditions
-/// taken from a fresh read, so only the object that was seen is deleted.
-async fn delete_named<K>(client: &kube::Client, ns: &str, name: &str) -> kube::Result<()>
+/// Deletes an object of ours if it exists and carries our owner label, with
+/// UID/resourceVersion preconditions taken from a fresh read, so only the
+/// object that was seen is deleted. Another owner's object is left alone.
+async fn delete_named<K>(
+    client: &kube::Client,
+    ns: &str,
+    owner: &str,
+    name: &str,
+) -> kube::Result<()>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -685,7 +705,7 @@ where
 {
     let api: Api<K> = Api::namespaced(client.clone(), ns);
     match api.get_opt(name).await? {
-        Some(obj) => delete_exact(&api, &obj).await,
-        None => Ok(()),
+        Some(obj) if render::owner_of(obj.meta()) == Some(owner) => delete_exact(&api, &obj).await,
+        _ => Ok(()),
     }
 }
