@@ -636,6 +636,7 @@ pub fn observation_from_status(
         pods,
         pvcs,
         etcd: EtcdObservation::Observed(ClusterHealth::new(observations)),
+        failed_long_ago: BTreeSet::new(),
         failed_members,
         // Alarms are not in the status; `plan` cannot see them.
         alarms: Vec::new(),

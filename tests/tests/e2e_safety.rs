@@ -395,7 +395,11 @@ async fn a_stale_copy_cannot_overwrite_newer_status() -> Result<()> {
     let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
     let old = get(&fleet, "etcd-a").await?;
     // Someone else writes newer status; then a reconcile of the old copy
-    // would change the status too (a member is killed so it differs).
+    // would change the status too (its only member is down, so it differs).
+    fleet
+        .runtime("a")
+        .kill_pod_process(WORKLOAD_NS, "etcd-a-etcd-0")
+        .await?;
     let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
     api.patch_status(
         "etcd-a",
@@ -404,6 +408,10 @@ async fn a_stale_copy_cannot_overwrite_newer_status() -> Result<()> {
     )
     .await?;
     let result = etcdfleet_controllers::etcdcluster::reconcile_cluster(&old, &ctl.ctx).await;
+    assert!(
+        result.is_err(),
+        "the stale reconcile's status write must be refused: {result:?}"
+    );
     let now = get(&fleet, "etcd-a").await?;
     assert_eq!(
         now.status.unwrap().selector.as_deref(),
@@ -423,9 +431,22 @@ async fn a_foreign_member_is_reported_and_never_removed() -> Result<()> {
     let etcd = ClusterClient::connect(&endpoints, &config).await?;
     // Added by a person (or another tool): a learner at a peer URL that is
     // not this cluster's; it never starts.
-    let added = etcd
-        .add_learner(&["https://10.255.0.9:2380".to_string()])
-        .await?;
+    // etcd refuses member changes for a few seconds after a member starts
+    // (strict reconfiguration check): retry like a person would.
+    let started = Instant::now();
+    let added = loop {
+        match etcd
+            .add_learner(&["https://10.255.0.9:2380".to_string()])
+            .await
+        {
+            Ok(a) => break a,
+            Err(e) if started.elapsed() < Duration::from_secs(40) => {
+                eprintln!("member add refused, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     fleet.sync_all().await?;
     let outcomes = reconcile_for(&ctl, "etcd-a", fast_settings().member_failure_grace * 2).await;
     assert!(destructive(&outcomes).is_empty(), "{outcomes:?}");

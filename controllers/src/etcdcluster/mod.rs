@@ -359,9 +359,6 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
         return Ok(Outcome::Blocked(refusal.message.clone()));
     }
     report.no_conflict();
-    // Recorded before the first workload write: from now on this is the etcd
-    // this resource manages.
-    report.record_identity(&identity);
     if paused {
         let next = match &plan {
             Plan::Act(step) => Some(step.to_string()),
@@ -371,6 +368,10 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
         report.write(ctx).await?;
         return Ok(Outcome::Paused(next));
     }
+
+    // Recorded before the first workload write: from now on this is the etcd
+    // this resource manages.
+    report.record_identity(&identity);
 
     // act
     let outcome = match plan {

@@ -347,18 +347,19 @@ pub async fn observe(
         Some(h) => report.failed_members(h, ctx.settings.member_failure_grace),
         None => BTreeSet::new(),
     };
+    let failed_long_ago = match &health {
+        Some(h) => report.failed_members(
+            h,
+            ctx.settings.member_failure_grace * super::plan::READY_POD_GRACE_FACTOR,
+        ),
+        None => BTreeSet::new(),
+    };
 
     // The management-side CA is gone but the workload still trusts one: a
     // lost Secret, not a new cluster (which has neither).
-    let pki_lost = inputs.tls
-        && pki.is_none()
-        && (tls_secret_ca_present
-            || cluster
-                .status
-                .as_ref()
-                .and_then(|s| s.identity.as_ref())
-                .is_some_and(|i| i.tls));
     let old_status = cluster.status.clone().unwrap_or_default();
+    let pki_lost =
+        inputs.tls && pki.is_none() && (tls_secret_ca_present || !old_status.members.is_empty());
     let last_failure = old_status.last_operation.as_ref().and_then(|op| {
         (op.outcome == "Failed").then(|| FailedStep {
             kind: op.type_.clone(),
@@ -399,6 +400,7 @@ pub async fn observe(
             .collect(),
         etcd,
         failed_members,
+        failed_long_ago,
         alarms,
         conflicts,
         pki_lost,

@@ -97,6 +97,11 @@ pub struct Observation {
     pub etcd: EtcdObservation,
     /// Members unhealthy for longer than the failure grace period.
     pub failed_members: BTreeSet<u64>,
+    /// Members unhealthy for longer than [`READY_POD_GRACE_FACTOR`] grace
+    /// periods: a member whose pod the kubelet reports ready is replaced only
+    /// then (the ready pod is a second vantage point, but a weak one: the
+    /// kubelet's check is not etcd's quorum).
+    pub failed_long_ago: BTreeSet<u64>,
     /// Alarms etcd has raised (NOSPACE, CORRUPT).
     pub alarms: Vec<Alarm>,
     /// Workload objects at this cluster's names that another owner (or nobody)
@@ -138,6 +143,10 @@ pub struct FailedStep {
     /// Time since the last failure.
     pub age: std::time::Duration,
 }
+
+/// How many failure grace periods a member that does not answer the
+/// controller, but whose pod is ready, is given before it is replaced.
+pub const READY_POD_GRACE_FACTOR: u32 = 5;
 
 /// First retry delay of a failing step; doubles per failure up to [`RETRY_MAX`].
 pub const RETRY_BASE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -530,11 +539,17 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
             && !m.member.is_learner
             && let Some(o) = ordinal_of(*id)
         {
-            if obs.pods.get(&o).is_some_and(|p| p.ready && p.running) {
+            // Unreachable (no answer at all, not even status) yet ready: a
+            // member that answers but is unhealthy (a wiped disk, another
+            // cluster's data) is failed whatever its serializable probe says.
+            if m.status.is_none()
+                && obs.pods.get(&o).is_some_and(|p| p.ready && p.running)
+                && !obs.failed_long_ago.contains(id)
+            {
                 return Plan::Wait(format!(
-                    "member {} does not answer the controller but its pod is ready \
-                     (etcd's own health probe passes): not replaced; check the network \
-                     between the controller and the workload cluster",
+                    "member {} does not answer the controller but its pod is ready: not \
+                     replaced yet (given {READY_POD_GRACE_FACTOR} failure grace periods); \
+                     check the network between the controller and the workload cluster",
                     obs.names.pod(o)
                 ));
             }
@@ -986,6 +1001,7 @@ mod tests {
                 (0..n).map(|o| member(o, true, o == 0, false)).collect(),
             )),
             failed_members: BTreeSet::new(),
+            failed_long_ago: BTreeSet::new(),
             alarms: vec![],
             conflicts: vec![],
             pki_lost: false,
@@ -1581,6 +1597,12 @@ mod tests {
             Plan::Wait(why) => assert!(why.contains("pod is ready"), "{why}"),
             other => panic!("expected wait, got {other:?}"),
         }
+        // Past the longer grace, it is replaced after all.
+        obs.failed_long_ago = BTreeSet::from([102]);
+        assert!(matches!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RemoveMember { member_id: 102, .. })
+        ));
     }
 
     #[test]

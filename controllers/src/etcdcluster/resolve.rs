@@ -110,7 +110,7 @@ pub async fn resolve_cluster(
     // Paused: no write at all, materialization and rebase included.
     let paused = cluster.spec.paused == Some(true);
     let mut spec = cluster.spec.clone();
-    let mut resource_version = cluster.meta().resource_version.clone();
+    let mut resource_version = report.resource_version();
 
     if !paused && spec.template_ref.is_some() && (!materialized || rebase) {
         let templates = match fetch_templates(cluster, ctx).await? {

@@ -64,6 +64,11 @@ impl Report {
         }
     }
 
+    /// The resourceVersion the next conditional write of this reconcile carries.
+    pub fn resource_version(&self) -> Option<String> {
+        self.resource_version.clone()
+    }
+
     /// Refuses to act: `Conflict=True`, nothing progresses.
     pub fn refused(&mut self, refusal: &Refusal) {
         self.set(CONFLICT, true, refusal.reason, refusal.message.clone());
