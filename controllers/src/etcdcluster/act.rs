@@ -79,7 +79,9 @@ pub async fn execute(
                     .map_err(err)?;
             }
             let sts = render::statefulset(inputs, &ctx.profile, *replicas as i32);
-            apply(&Api::<StatefulSet>::namespaced(client, ns), &sts)
+            let api = Api::<StatefulSet>::namespaced(client, ns);
+            let stored = apply(&api, &sts).await.map_err(err)?;
+            record_admitted_image(&api, &stored, inputs)
                 .await
                 .map_err(err)?;
             Ok(())
@@ -271,6 +273,37 @@ async fn etcd_client(observed: &Observed) -> Result<ClusterClient> {
     Ok(ClusterClient::connect(&observed.endpoints, &observed.etcd_config).await?)
 }
 
+/// If the API server stored another image than the one written (an admission
+/// webhook), records it so the next reconcile does not see drift and write
+/// again, forever. Conditional on the stored object's resourceVersion.
+async fn record_admitted_image(
+    api: &Api<StatefulSet>,
+    stored: &StatefulSet,
+    inputs: &RenderInputs,
+) -> kube::Result<()> {
+    let Some(image) = render::statefulset_image(stored) else {
+        return Ok(());
+    };
+    if image == inputs.image {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": stored.resource_version(),
+            "annotations": {
+                render::ADMITTED_IMAGE: render::admitted_image(&inputs.statefulset_hash(), image)
+            }
+        }
+    });
+    api.patch(
+        &stored.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
 /// Server-side apply with this controller's field manager.
 async fn apply<K>(api: &Api<K>, obj: &K) -> kube::Result<K>
 where
@@ -449,13 +482,13 @@ async fn write_object(
                 .statefulset
                 .as_ref()
                 .map_or(1, |s| s.replicas as i32);
-            apply(
-                &Api::<StatefulSet>::namespaced(client, ns),
-                &render::statefulset(inputs, &ctx.profile, replicas),
-            )
-            .await
-            .map(|_| ())
-            .map_err(err)
+            let api = Api::<StatefulSet>::namespaced(client, ns);
+            let stored = apply(&api, &render::statefulset(inputs, &ctx.profile, replicas))
+                .await
+                .map_err(err)?;
+            record_admitted_image(&api, &stored, inputs)
+                .await
+                .map_err(err)
         }
     }
 }

@@ -111,6 +111,12 @@ pub async fn resolve_cluster(
     let paused = cluster.spec.paused == Some(true);
     let mut spec = cluster.spec.clone();
     let mut resource_version = report.resource_version();
+    // The values this controller wrote into the spec so far (for a rebase).
+    let mut recorded: serde_json::Value = cluster
+        .annotations()
+        .get(MATERIALIZED_ANNOTATION)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
 
     if !paused && spec.template_ref.is_some() && (!materialized || rebase) {
         let templates = match fetch_templates(cluster, ctx).await? {
@@ -138,7 +144,8 @@ pub async fn resolve_cluster(
             }
         };
         let values = materialize(&spec, &resolution);
-        resource_version = write_materialized(cluster, ctx, &values, rebase, &spec).await?;
+        (resource_version, recorded) =
+            write_materialized(cluster, ctx, &values, rebase, &spec).await?;
         report.advance_resource_version(resource_version.clone());
         report.template_applied(ct.as_ref(), t.as_ref(), &resolution);
         // Continue with the spec as now written.
@@ -159,7 +166,14 @@ pub async fn resolve_cluster(
     // release that changes a built-in default then changes nothing here.
     let defaults = controller_defaults(&spec, &resolution.spec);
     if !paused && defaults != EtcdConfig::default() {
-        let rv = write_defaults(cluster, ctx, &defaults, resource_version.as_deref()).await?;
+        let rv = write_defaults(
+            cluster,
+            ctx,
+            &defaults,
+            resource_version.as_deref(),
+            recorded,
+        )
+        .await?;
         report.advance_resource_version(rv);
         spec.config = merge_config(&spec.config, &defaults).map_err(Error::Invalid)?;
     }
@@ -301,16 +315,12 @@ async fn write_defaults(
     ctx: &Context,
     defaults: &EtcdConfig,
     resource_version: Option<&str>,
+    mut recorded: serde_json::Value,
 ) -> Result<Option<String>> {
     let api: Api<EtcdCluster> = Api::namespaced(
         ctx.management.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    let mut recorded: serde_json::Value = cluster
-        .annotations()
-        .get(MATERIALIZED_ANNOTATION)
-        .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or_else(|| serde_json::json!({}));
     let values = to_json(defaults)?;
     merge_json(&mut recorded, &values);
     let patch = serde_json::json!({
@@ -417,7 +427,7 @@ async fn write_materialized(
     values: &EtcdConfig,
     rebase: bool,
     rebased: &EtcdClusterSpec,
-) -> Result<Option<String>> {
+) -> Result<(Option<String>, serde_json::Value)> {
     let api: Api<EtcdCluster> = Api::namespaced(
         ctx.management.clone(),
         &cluster.namespace().unwrap_or_default(),
@@ -452,6 +462,7 @@ async fn write_materialized(
     // Bookkeeping annotations by merge patch (null deletes the rebase request).
     let mut annotations = serde_json::Map::new();
     annotations.insert(MATERIALIZED_ANNOTATION.into(), recorded.to_string().into());
+    let recorded_now = recorded.clone();
     if rebase {
         annotations.insert(REBASE_ANNOTATION.into(), serde_json::Value::Null);
     }
@@ -464,5 +475,5 @@ async fn write_materialized(
         )
         .await
         .map_err(Error::ManagementApi)?;
-    Ok(written.metadata.resource_version)
+    Ok((written.metadata.resource_version, recorded_now))
 }
