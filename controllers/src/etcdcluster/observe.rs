@@ -434,10 +434,7 @@ fn pod_observation(pod: &Pod) -> PodObservation {
             .and_then(|s| s.containers.first())
             .and_then(|c| c.image.clone())
             .unwrap_or_default(),
-        template_hash: pod
-            .annotations()
-            .get(render::TEMPLATE_HASH)
-            .map(String::clone),
+        template_hash: pod.annotations().get(render::TEMPLATE_HASH).cloned(),
         running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
         ready: container.is_some_and(|c| c.ready),
         restart_count: container.map_or(0, |c| c.restart_count),

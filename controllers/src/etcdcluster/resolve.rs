@@ -321,7 +321,7 @@ async fn write_defaults(
         ctx.management.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    let values = to_json(defaults)?;
+    let values = to_json(defaults).map_err(Error::Invalid)?;
     merge_json(&mut recorded, &values);
     let patch = serde_json::json!({
         "metadata": {
@@ -341,9 +341,8 @@ async fn write_defaults(
     Ok(written.metadata.resource_version)
 }
 
-fn to_json(config: &EtcdConfig) -> Result<serde_json::Value> {
-    serde_json::to_value(config)
-        .map_err(|e| Error::Invalid(format!("spec does not serialize: {e}")))
+fn to_json(config: &EtcdConfig) -> std::result::Result<serde_json::Value, String> {
+    serde_json::to_value(config).map_err(|e| format!("spec does not serialize: {e}"))
 }
 
 /// For a rebase: the spec with every field that still holds the value last
@@ -442,12 +441,13 @@ async fn write_materialized(
     } else {
         previous
     };
-    merge_json(&mut recorded, &to_json(values)?);
-    let mut spec = to_json(values)?;
+    merge_json(&mut recorded, &to_json(values).map_err(Error::Invalid)?);
+    let mut spec = to_json(values).map_err(Error::Invalid)?;
     if rebase {
         // A rebase replaces values the template wrote before: apply the whole
         // rebased config so this field manager owns exactly what it wrote.
-        spec = to_json(&merge_config(&rebased.config, values).map_err(Error::Invalid)?)?;
+        spec = to_json(&merge_config(&rebased.config, values).map_err(Error::Invalid)?)
+            .map_err(Error::Invalid)?;
     }
     let apply = serde_json::json!({
         "apiVersion": "etcdfleet.dev/v1alpha1",
@@ -476,4 +476,62 @@ async fn write_materialized(
         .await
         .map_err(Error::ManagementApi)?;
     Ok((written.metadata.resource_version, recorded_now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rebase_that_strips_a_required_field_is_an_error_not_a_panic() {
+        // The template wrote a backup destination; clearing the values written
+        // last time leaves `destination` without its required `bucket`.
+        let mut cluster = EtcdCluster::new(
+            "c",
+            serde_json::from_value(serde_json::json!({
+                "clusterRef": { "name": "w" },
+                "version": "3.5.1",
+                "backup": { "destination": { "bucket": "b", "prefix": "mine" } }
+            }))
+            .unwrap(),
+        );
+        cluster.metadata.annotations = Some(
+            [(
+                MATERIALIZED_ANNOTATION.to_string(),
+                serde_json::json!({ "backup": { "destination": { "bucket": "b" } } }).to_string(),
+            )]
+            .into(),
+        );
+        let err = rebased_spec(&cluster).unwrap_err();
+        assert_eq!(err.reason(), "InvalidField");
+        assert!(err.to_string().contains("rebase"), "{err}");
+    }
+
+    #[test]
+    fn every_value_the_renderer_needs_is_a_controller_default_until_set() {
+        let spec: EtcdClusterSpec = serde_json::from_value(serde_json::json!({
+            "clusterRef": { "name": "w" },
+            "version": "3.5.1",
+            "replicas": 3,
+            "etcd": { "quotaBackendBytes": 1000000000 }
+        }))
+        .unwrap();
+        let resolved = resolve_own_spec(&spec).unwrap();
+        let d = controller_defaults(&spec, &resolved.spec);
+        assert_eq!(d.replicas, None, "set by the user");
+        assert!(d.image_repository.is_some() && d.workload_namespace.is_some());
+        assert!(d.storage.as_ref().and_then(|s| s.size.as_ref()).is_some());
+        assert_eq!(d.tls.and_then(|t| t.enabled), Some(true));
+        let tuning = d.etcd.unwrap();
+        assert_eq!(tuning.quota_backend_bytes, None, "set by the user");
+        assert!(tuning.heartbeat_interval_millis.is_some() && tuning.snapshot_count.is_some());
+        // Once they are all in the spec, there is nothing left to fill.
+        let mut full = spec.clone();
+        full.config =
+            merge_config(&spec.config, &controller_defaults(&spec, &resolved.spec)).unwrap();
+        assert_eq!(
+            controller_defaults(&full, &resolve_own_spec(&full).unwrap().spec),
+            EtcdConfig::default()
+        );
+    }
 }
