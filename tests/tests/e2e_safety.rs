@@ -279,16 +279,18 @@ async fn scale_config_roll_and_replacement_lose_no_acknowledged_write() -> Resul
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let (fleet, mut ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    // Boxed: the reconcile futures are large in debug builds, and this test
+    // awaits many of them on the test thread's stack.
+    let (fleet, mut ctl) = Box::pin(running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")])).await?;
     let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
     let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Scale 3 → 5 → 3.
     set_replicas(&fleet, "etcd-a", 5).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
     set_replicas(&fleet, "etcd-a", 3).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
 
     // A flag change (what the NOSPACE condition tells users to do) reaches
     // every member: each is restarted from the new template, one at a time.
@@ -299,7 +301,7 @@ async fn scale_config_roll_and_replacement_lose_no_acknowledged_write() -> Resul
         serde_json::json!({ "etcd": { "quotaBackendBytes": quota } }),
     )
     .await?;
-    let log = converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let log = Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
     let mut restarted: Vec<u32> = log
         .steps
         .iter()
@@ -344,7 +346,7 @@ async fn scale_config_roll_and_replacement_lose_no_acknowledged_write() -> Resul
         .runtime("a")
         .wipe_pvc(WORKLOAD_NS, "data-etcd-a-etcd-2")
         .await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
 
     let report = writer.stop().await?;
     let checked = verify_acknowledged(&report, &endpoints, &config, "acked").await?;
