@@ -10,6 +10,10 @@ pub const DEGRADED: &str = "Degraded";
 pub const REMOTE_REACHABLE: &str = "RemoteReachable";
 pub const TEMPLATE_RESOLVED: &str = "TemplateResolved";
 pub const VERSION_ACCEPTED: &str = "VersionAccepted";
+/// True while the controller refuses to act because acting would harm data or
+/// another owner: a workload object owned by someone else, a changed identity
+/// (workload cluster, namespace, TLS), lost PKI, an untakeable storage change.
+pub const CONFLICT: &str = "Conflict";
 
 /// Sets `new` in `conditions`: replaces the condition of the same type, keeping
 /// its `lastTransitionTime` when the status did not change. Returns whether

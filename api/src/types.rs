@@ -292,6 +292,16 @@ pub struct TemplateRef {
 // user or by materialization) but never changed or removed afterwards,
 // including by removing `storage` as a whole.
 #[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.storageClassName) || (has(self.storage) && has(self.storage.storageClassName) && self.storage.storageClassName == oldSelf.storage.storageClassName)").message("storage.storageClassName is immutable once set: it can be neither changed nor removed").field_path(".storage.storageClassName"))]
+// Identity: which workload cluster, which namespace in it, and whether etcd
+// speaks TLS decide *which* etcd this is. Moving any of them on a running
+// cluster would bootstrap a second, empty etcd (or lock the controller out),
+// so they are immutable once set. Setting one for the first time is allowed
+// here; the controller's recorded `status.identity` refuses that too when it
+// differs from what it already manages.
+#[x_kube(validation = Rule::new("!has(oldSelf.workloadNamespace) || (has(self.workloadNamespace) && self.workloadNamespace == oldSelf.workloadNamespace)").message("workloadNamespace is immutable once set").field_path(".workloadNamespace"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.clusterRef) || (has(self.clusterRef) && self.clusterRef == oldSelf.clusterRef)").message("clusterRef is immutable once set").field_path(".clusterRef"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.kubeconfigSecretRef) || (has(self.kubeconfigSecretRef) && self.kubeconfigSecretRef == oldSelf.kubeconfigSecretRef)").message("kubeconfigSecretRef is immutable once set").field_path(".kubeconfigSecretRef"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.tls) || !has(oldSelf.tls.enabled) || (has(self.tls) && has(self.tls.enabled) && self.tls.enabled == oldSelf.tls.enabled)").message("tls.enabled is immutable once set").field_path(".tls.enabled"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.size) || (has(self.storage) && has(self.storage.size) && self.storage.size == oldSelf.storage.size)").message("storage.size is immutable once set: it can be neither changed nor removed").field_path(".storage.size"))]
 pub struct EtcdClusterSpec {
     /// The workload cluster (kubeconfig Secret `<name>-kubeconfig`, key `value`).
@@ -416,6 +426,23 @@ pub struct EtcdClusterStatus {
     /// The most recent operation the controller took, and how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_operation: Option<OperationStatus>,
+
+    /// The etcd this resource manages, recorded before the first write to the
+    /// workload cluster. A spec that no longer matches it is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<ManagedIdentity>,
+}
+
+/// What identifies the etcd an EtcdCluster manages.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedIdentity {
+    /// The kubeconfig Secret (`name/key`) that reaches the workload cluster.
+    pub kubeconfig_secret: String,
+    /// Namespace in the workload cluster.
+    pub workload_namespace: String,
+    /// Whether members speak mutual TLS.
+    pub tls: bool,
 }
 
 /// One etcd member as observed.
@@ -502,4 +529,8 @@ pub struct OperationStatus {
     /// When it happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<Time>,
+    /// How many times in a row this operation has failed (retries back off
+    /// exponentially on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<i32>,
 }

@@ -789,6 +789,7 @@ pub fn observation_from_status(
                 *o,
                 PodObservation {
                     image,
+                    template_hash: None,
                     running: true,
                     ready: m.healthy,
                     restart_count: 0,
@@ -817,13 +818,24 @@ pub fn observation_from_status(
         statefulset: Some(StatefulSetObservation {
             replicas: sts_replicas,
             image: inputs.image.clone(),
+            template_hash: None,
         }),
         pods,
         pvcs,
         etcd: EtcdObservation::Observed(ClusterHealth::new(observations)),
+        failed_long_ago: BTreeSet::new(),
         failed_members,
         // Alarms are not in the status; `plan` cannot see them.
         alarms: Vec::new(),
+        // Ownership, PKI and storage are read from the workload cluster, which
+        // `plan` does not contact.
+        conflicts: Vec::new(),
+        pki_lost: false,
+        storage_change: None,
+        // The version policy is reported on its own line (VersionAccepted).
+        requested_version: None,
+        known_voters: members.iter().filter(|m| !m.learner).count() as u32,
+        last_failure: None,
     }
 }
 
@@ -832,6 +844,7 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
     let step = match plan {
         Plan::Converged => return "no change".to_string(),
         Plan::Wait(why) => return format!("waiting: {why}"),
+        Plan::Refuse(r) => return format!("refused ({}): {}", r.reason, r.message),
         Plan::Act(step) => step,
     };
     let health = match &obs.etcd {

@@ -447,6 +447,19 @@ impl WorkloadClusterConnector {
             .remove(location);
     }
 
+    /// Forgets a cluster that is gone (its backoff and cached client), so
+    /// maps keyed by cluster do not grow with every cluster ever deleted.
+    pub fn forget(&self, location: &KubeconfigLocation) {
+        self.backoff
+            .lock()
+            .expect("connector backoff poisoned")
+            .remove(location);
+        self.cache
+            .lock()
+            .expect("connector cache poisoned")
+            .remove(location);
+    }
+
     /// Remaining backoff of a cluster, if it is in one.
     pub fn backoff_remaining(&self, location: &KubeconfigLocation) -> Option<Duration> {
         let backoff = self.backoff.lock().expect("connector backoff poisoned");

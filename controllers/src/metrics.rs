@@ -195,6 +195,7 @@ impl Metrics {
             Plan::Act(step) => step.kind(),
             Plan::Wait(_) => "Wait",
             Plan::Converged => "Converged",
+            Plan::Refuse(_) => "Refuse",
         };
         self.plans
             .get_or_create(&PlanLabels {

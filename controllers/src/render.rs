@@ -32,6 +32,15 @@ use serde::Serialize;
 
 /// Annotation holding the hash of the inputs an object was rendered from.
 pub const INPUTS_HASH: &str = "etcdfleet.dev/inputs-hash";
+/// Annotation on the pod template (and so on every pod made from it) holding
+/// the StatefulSet's inputs hash: a pod whose value differs from the
+/// template's was made from an older template and is rolled.
+pub const TEMPLATE_HASH: &str = "etcdfleet.dev/template-hash";
+/// Annotation on the StatefulSet recording `<inputs hash>=<image>` when the
+/// API server stored another image than the one written (an admission
+/// webhook pointing at a mirror or pinning a digest): that image is then
+/// what this write looks like, not drift to undo in an endless loop.
+pub const ADMITTED_IMAGE: &str = "etcdfleet.dev/admitted-image";
 /// Label naming the management-side owner (`<namespace>.<name>`) of a workload object.
 /// Workload objects never carry ownerReferences across clusters.
 pub const OWNER_LABEL: &str = "etcdfleet.dev/owner";
@@ -609,7 +618,11 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: overrides.annotations.clone(),
+                    annotations: Some({
+                        let mut a = overrides.annotations.clone().unwrap_or_default();
+                        a.insert(TEMPLATE_HASH.to_string(), inputs.statefulset_hash());
+                        a
+                    }),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -665,6 +678,47 @@ pub fn statefulset_image(sts: &StatefulSet) -> Option<&str> {
         .as_deref()
 }
 
+/// The template hash of a StatefulSet's pod template, if stamped.
+pub fn statefulset_template_hash(sts: &StatefulSet) -> Option<&str> {
+    sts.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(TEMPLATE_HASH)
+        .map(String::as_str)
+}
+
+/// The owner label of a workload object, if any.
+pub fn owner_of(meta: &ObjectMeta) -> Option<&str> {
+    meta.labels.as_ref()?.get(OWNER_LABEL).map(String::as_str)
+}
+
+/// The storage a StatefulSet's claim template asks for: (class, size).
+pub fn statefulset_storage(sts: &StatefulSet) -> Option<(Option<String>, Option<String>)> {
+    let claim = sts
+        .spec
+        .as_ref()?
+        .volume_claim_templates
+        .as_ref()?
+        .first()?;
+    let spec = claim.spec.as_ref()?;
+    let size = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone());
+    Some((spec.storage_class_name.clone(), size))
+}
+
+/// The value of [`ADMITTED_IMAGE`] for an image admitted for inputs `hash`.
+pub fn admitted_image(hash: &str, image: &str) -> String {
+    format!("{hash}={image}")
+}
+
 /// The inputs hash an object carries, if any.
 pub fn carried_hash(meta: &ObjectMeta) -> Option<&str> {
     meta.annotations
@@ -682,8 +736,14 @@ pub fn drift(existing: &StatefulSet, inputs: &RenderInputs) -> Option<String> {
         Some(h) => return Some(format!("inputs changed (hash {h} → {want})")),
         None => return Some("no inputs hash".to_string()),
     }
+    let admitted = existing
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ADMITTED_IMAGE));
     match statefulset_image(existing) {
         Some(img) if img == inputs.image => None,
+        Some(img) if admitted == Some(&admitted_image(&want, img)) => None,
         other => Some(format!(
             "image drifted: {} (want {})",
             other.unwrap_or("none"),
@@ -775,6 +835,31 @@ mod tests {
             .unwrap()
             .containers[0]
             .image = Some("evil:latest".into());
+        assert!(drift(&sts, &a).unwrap().contains("image drifted"));
+    }
+
+    #[test]
+    fn an_image_rewritten_at_admission_is_not_drift_but_a_later_edit_is() {
+        let a = inputs();
+        let mut sts = statefulset(&a, &RenderProfile::default(), 1);
+        let set_image = |sts: &mut StatefulSet, img: &str| {
+            sts.spec
+                .as_mut()
+                .unwrap()
+                .template
+                .spec
+                .as_mut()
+                .unwrap()
+                .containers[0]
+                .image = Some(img.into());
+        };
+        set_image(&mut sts, "mirror.example/etcd:v3.5.1");
+        sts.metadata.annotations.as_mut().unwrap().insert(
+            ADMITTED_IMAGE.into(),
+            admitted_image(&a.statefulset_hash(), "mirror.example/etcd:v3.5.1"),
+        );
+        assert_eq!(drift(&sts, &a), None);
+        set_image(&mut sts, "evil:latest");
         assert!(drift(&sts, &a).unwrap().contains("image drifted"));
     }
 

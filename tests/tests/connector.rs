@@ -295,3 +295,30 @@ async fn a_trusted_client_skips_the_secret_read_until_its_trust_expires() -> Res
     assert_eq!(secret_gets(&fleet), 2, "no trust: always read");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_deleted_cluster_is_forgotten_by_the_connector() -> Result<()> {
+    let fleet = Fleet::new(&["a", "b"]).await?;
+    let settings = ConnectorSettings {
+        idle_ttl: Duration::from_secs(60),
+        backoff_base: Duration::from_secs(10),
+        backoff_max: Duration::from_secs(60),
+    };
+    let (conn, _) = connector(&fleet, settings);
+    let (la, lb) = (location(&fleet, "a"), location(&fleet, "b"));
+    conn.connect(&la).await?;
+    conn.connect(&lb).await?;
+    let unreachable = ConnectError::Unauthorized {
+        server: "https://a.workload.test:6443".into(),
+        detail: "Unauthorized (401)".into(),
+    };
+    conn.record_failure(&la, &unreachable);
+    conn.connect(&la).await?;
+    assert!(conn.backoff_remaining(&la).is_some());
+    assert_eq!(conn.cached(), 2);
+    // What finalization does once the EtcdCluster is gone.
+    conn.forget(&la);
+    assert!(conn.backoff_remaining(&la).is_none());
+    assert_eq!(conn.cached(), 1, "only b's client remains");
+    Ok(())
+}

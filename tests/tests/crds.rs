@@ -617,3 +617,44 @@ fn cel_backup_schedule_fields() {
     let msg = messages(with_ref("  backup: {retentionMaxAge: 0h}\n").validate_cel());
     assert!(msg.contains("must be a positive whole number"), "{msg}");
 }
+
+#[test]
+fn cel_identity_fields_are_immutable_once_set() {
+    const NS_MSG: &str = "spec.workloadNamespace: workloadNamespace is immutable once set";
+    const REF_MSG: &str = "spec.clusterRef: clusterRef is immutable once set";
+    const SECRET_MSG: &str = "spec.kubeconfigSecretRef: kubeconfigSecretRef is immutable once set";
+    const TLS_MSG: &str = "spec.tls.enabled: tls.enabled is immutable once set";
+    let running = with_ref("  workloadNamespace: etcd-system\n  tls: {enabled: true}\n");
+    assert!(running.validate_cel_update(&running).is_ok());
+    // Set for the first time: allowed here (the controller's recorded
+    // status.identity refuses a value that differs from what it manages).
+    assert!(running.validate_cel_update(&with_ref("")).is_ok());
+
+    let cases = [
+        (
+            with_ref("  workloadNamespace: elsewhere\n  tls: {enabled: true}\n"),
+            NS_MSG,
+        ),
+        (with_ref("  tls: {enabled: true}\n"), NS_MSG),
+        (
+            with_ref("  workloadNamespace: etcd-system\n  tls: {enabled: false}\n"),
+            TLS_MSG,
+        ),
+        (with_ref("  workloadNamespace: etcd-system\n"), TLS_MSG),
+        (
+            cluster(
+                "  clusterRef: {name: other}\n  workloadNamespace: etcd-system\n  tls: {enabled: true}\n",
+            ),
+            REF_MSG,
+        ),
+    ];
+    for (new, expected) in cases {
+        let msg = messages(new.validate_cel_update(&running));
+        assert!(msg.contains(expected), "{:?}: {msg:?}", new.spec);
+    }
+    let by_secret = cluster("  kubeconfigSecretRef: {name: shop-admin, key: kubeconfig}\n");
+    let moved = cluster("  kubeconfigSecretRef: {name: other-admin, key: kubeconfig}\n");
+    assert!(messages(moved.validate_cel_update(&by_secret)).contains(SECRET_MSG));
+    // Switching from clusterRef to an explicit Secret moves the cluster too.
+    assert!(messages(by_secret.validate_cel_update(&with_ref(""))).contains(REF_MSG));
+}

@@ -111,11 +111,9 @@ pub async fn take(
         .client_urls
         .first()
         .ok_or_else(|| BackupError::NoHealthyMember("member has no client URL".into()))?;
-    let url = cc
-        .dialer
-        .dial_url(&observed.server, advertised)
-        .map_err(BackupError::NoHealthyMember)?;
-    let member = MemberClient::connect(&url, &observed.etcd_config).await?;
+    // The observed etcd config carries the cluster's transport (port-forward
+    // or direct), which reaches the member behind its advertised URL.
+    let member = MemberClient::connect(advertised, &observed.etcd_config).await?;
     let revision = member.revision().await?;
     let etcd_version = chosen
         .status

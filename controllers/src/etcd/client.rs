@@ -767,6 +767,52 @@ impl MemberClient {
         Ok(resp.header().map(|h| h.revision()).unwrap_or_default())
     }
 
+    /// The membership as of now, from this member, and this member's id.
+    /// etcd's MemberList answers from the member's local store (etcd-client
+    /// 0.21 sends `linearizable: false`), so a partitioned or removed member
+    /// can answer with old membership. A linearizable read first makes the
+    /// member confirm with a quorum that it has applied everything committed
+    /// (ReadIndex); the list that follows from the same member is then at
+    /// least that fresh. Both answers must come from the same member id, and
+    /// that id must be in the list (a removed member is not).
+    pub async fn fresh_members(&self) -> Result<(u64, Vec<Member>)> {
+        let mut c = self.client.clone();
+        let read = with_deadline(
+            "linearizable read",
+            self.config.deadlines.health,
+            None,
+            c.get("health", Some(GetOptions::new().with_count_only())),
+        )
+        .await;
+        let read_by = match read {
+            Ok(r) => r.header().map(|h| h.member_id()),
+            Err(EtcdError::Rpc { code, .. }) if code == "PermissionDenied" => None,
+            Err(e) => return Err(e),
+        };
+        let resp = with_deadline(
+            "member list",
+            self.config.deadlines.request,
+            None,
+            c.member_list(),
+        )
+        .await?;
+        let listed_by = resp.header().map(|h| h.member_id()).unwrap_or_default();
+        if read_by.is_some_and(|r| r != listed_by) {
+            return Err(EtcdError::Unreachable(format!(
+                "{}: the linearizable read and the member list were answered by different members",
+                self.endpoint
+            )));
+        }
+        let members: Vec<Member> = resp.members().iter().map(Member::from).collect();
+        if !members.iter().any(|m| m.id == listed_by) {
+            return Err(EtcdError::Unreachable(format!(
+                "{}: member {listed_by:x} answered but is not in its own member list (removed)",
+                self.endpoint
+            )));
+        }
+        Ok((listed_by, members))
+    }
+
     /// Healthy means this member answers a linearizable read within the
     /// health deadline, which needs it to be connected to a quorum with a
     /// leader (as `etcdctl endpoint health`). "Permission denied" counts as

@@ -79,7 +79,9 @@ pub async fn execute(
                     .map_err(err)?;
             }
             let sts = render::statefulset(inputs, &ctx.profile, *replicas as i32);
-            apply(&Api::<StatefulSet>::namespaced(client, ns), &sts)
+            let api = Api::<StatefulSet>::namespaced(client, ns);
+            let stored = apply(&api, &sts).await.map_err(err)?;
+            record_admitted_image(&api, &stored, inputs)
                 .await
                 .map_err(err)?;
             Ok(())
@@ -268,6 +270,37 @@ async fn etcd_client(observed: &Observed) -> Result<ClusterClient> {
     }
 }
 
+/// If the API server stored another image than the one written (an admission
+/// webhook), records it so the next reconcile does not see drift and write
+/// again, forever. Conditional on the stored object's resourceVersion.
+async fn record_admitted_image(
+    api: &Api<StatefulSet>,
+    stored: &StatefulSet,
+    inputs: &RenderInputs,
+) -> kube::Result<()> {
+    let Some(image) = render::statefulset_image(stored) else {
+        return Ok(());
+    };
+    if image == inputs.image {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": stored.resource_version(),
+            "annotations": {
+                render::ADMITTED_IMAGE: render::admitted_image(&inputs.statefulset_hash(), image)
+            }
+        }
+    });
+    api.patch(
+        &stored.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
 /// Server-side apply with this controller's field manager.
 async fn apply<K>(api: &Api<K>, obj: &K) -> kube::Result<K>
 where
@@ -446,13 +479,13 @@ async fn write_object(
                 .statefulset
                 .as_ref()
                 .map_or(1, |s| s.replicas as i32);
-            apply(
-                &Api::<StatefulSet>::namespaced(client, ns),
-                &render::statefulset(inputs, &ctx.profile, replicas),
-            )
-            .await
-            .map(|_| ())
-            .map_err(err)
+            let api = Api::<StatefulSet>::namespaced(client, ns);
+            let stored = apply(&api, &render::statefulset(inputs, &ctx.profile, replicas))
+                .await
+                .map_err(err)?;
+            record_admitted_image(&api, &stored, inputs)
+                .await
+                .map_err(err)
         }
     }
 }
@@ -611,6 +644,9 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
     let patch = serde_json::json!({
         "metadata": { "finalizers": finalizers, "resourceVersion": cluster.resource_version() }
     });
+    if let Some(location) = KubeconfigLocation::of(cluster) {
+        ctx.connector.forget(&location);
+    }
     ctx.metrics.set_cluster_conditions(
         &format!(
             "{}/{}",
@@ -636,43 +672,60 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
 async fn cleanup_workload(cluster: &EtcdCluster, ctx: &Context) -> Result<()> {
     let location = KubeconfigLocation::of(cluster).ok_or(ConnectError::NoClusterReference)?;
     let workload = ctx.connector.connect(&location).await?;
-    // The workload namespace comes from the spec as last resolved.
-    let ns = super::resolve::resolve_own_spec(&cluster.spec)
-        .map(|r| r.spec.workload_namespace)
-        .unwrap_or_else(|_| etcdfleet_api::template::DEFAULT_WORKLOAD_NAMESPACE.to_string());
+    // The workload namespace this resource manages: the recorded identity,
+    // else the spec as last resolved.
+    let ns = match cluster.status.as_ref().and_then(|s| s.identity.as_ref()) {
+        Some(identity) => identity.workload_namespace.clone(),
+        None => super::resolve::resolve_own_spec(&cluster.spec)
+            .map(|r| r.spec.workload_namespace)
+            .unwrap_or_else(|_| etcdfleet_api::template::DEFAULT_WORKLOAD_NAMESPACE.to_string()),
+    };
     let names = Names::new(&cluster.name_any(), &ns);
+    // Only objects carrying this cluster's owner label are deleted.
+    let owner = format!(
+        "{}.{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    let owner = owner.as_str();
     let client = workload.client.clone();
     let err = |source| Error::WorkloadApi {
         server: workload.server.clone(),
         source,
     };
-    delete_named::<StatefulSet>(&client, &ns, &names.statefulset())
+    delete_named::<StatefulSet>(&client, &ns, owner, &names.statefulset())
         .await
         .map_err(err)?;
-    delete_named::<PodDisruptionBudget>(&client, &ns, &names.pdb())
+    delete_named::<PodDisruptionBudget>(&client, &ns, owner, &names.pdb())
         .await
         .map_err(err)?;
-    delete_named::<Service>(&client, &ns, &names.client_service())
+    delete_named::<Service>(&client, &ns, owner, &names.client_service())
         .await
         .map_err(err)?;
-    delete_named::<Service>(&client, &ns, &names.peer_service())
+    delete_named::<Service>(&client, &ns, owner, &names.peer_service())
         .await
         .map_err(err)?;
-    delete_named::<ConfigMap>(&client, &ns, &names.members_configmap())
+    delete_named::<ConfigMap>(&client, &ns, owner, &names.members_configmap())
         .await
         .map_err(err)?;
-    delete_named::<Secret>(&client, &ns, &names.server_tls_secret())
+    delete_named::<Secret>(&client, &ns, owner, &names.server_tls_secret())
         .await
         .map_err(err)?;
-    delete_named::<Secret>(&client, &ns, &names.peer_tls_secret())
+    delete_named::<Secret>(&client, &ns, owner, &names.peer_tls_secret())
         .await
         .map_err(err)?;
     Ok(())
 }
 
-/// Deletes an object of ours if it exists, with UID/resourceVersion preconditions
-/// taken from a fresh read, so only the object that was seen is deleted.
-async fn delete_named<K>(client: &kube::Client, ns: &str, name: &str) -> kube::Result<()>
+/// Deletes an object of ours if it exists and carries our owner label, with
+/// UID/resourceVersion preconditions taken from a fresh read, so only the
+/// object that was seen is deleted. Another owner's object is left alone.
+async fn delete_named<K>(
+    client: &kube::Client,
+    ns: &str,
+    owner: &str,
+    name: &str,
+) -> kube::Result<()>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -682,7 +735,7 @@ where
 {
     let api: Api<K> = Api::namespaced(client.clone(), ns);
     match api.get_opt(name).await? {
-        Some(obj) => delete_exact(&api, &obj).await,
-        None => Ok(()),
+        Some(obj) if render::owner_of(obj.meta()) == Some(owner) => delete_exact(&api, &obj).await,
+        _ => Ok(()),
     }
 }

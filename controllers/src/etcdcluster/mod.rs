@@ -407,29 +407,37 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
             cluster.name_any()
         )));
     }
+    let paused = cluster.spec.paused == Some(true);
     if cluster.meta().deletion_timestamp.is_some() {
+        if paused && cluster.finalizers().iter().any(|f| f == FINALIZER) {
+            // Paused means no write anywhere, cleanup included.
+            return Ok(Outcome::Paused(Some(
+                "clean up the workload cluster and release the finalizer".into(),
+            )));
+        }
         return traced(step_span("act", key), act::finalize(cluster, ctx)).await;
     }
     let api: Api<EtcdCluster> = Api::namespaced(
         ctx.management.clone(),
         &cluster.namespace().unwrap_or_default(),
     );
-    if !cluster.finalizers().iter().any(|f| f == FINALIZER) {
+    let mut report = status::Report::new(cluster);
+    if !paused && !cluster.finalizers().iter().any(|f| f == FINALIZER) {
         let mut finalizers = cluster.finalizers().to_vec();
         finalizers.push(FINALIZER.to_string());
         let patch = serde_json::json!({
             "metadata": { "finalizers": finalizers, "resourceVersion": cluster.resource_version() }
         });
-        api.patch(
-            &cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(Error::ManagementApi)?;
+        let patched = api
+            .patch(
+                &cluster.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(Error::ManagementApi)?;
+        report.advance_resource_version(patched.metadata.resource_version);
     }
-
-    let mut report = status::Report::new(cluster);
 
     // resolve
     let resolved = match traced(
@@ -453,6 +461,25 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
             ConnectError::NoClusterReference.to_string(),
         ));
     };
+
+    // identity: the etcd this resource manages stays the one it started
+    // with; a spec that points elsewhere is refused before any workload I/O.
+    let identity = etcdfleet_api::ManagedIdentity {
+        kubeconfig_secret: format!("{}/{}", location.secret_name, location.key),
+        workload_namespace: resolved.inputs.workload_namespace.clone(),
+        tls: resolved.inputs.tls,
+    };
+    if let Some(message) = plan::identity_mismatch(
+        cluster.status.as_ref().and_then(|s| s.identity.as_ref()),
+        &identity,
+    ) {
+        report.refused(&plan::Refusal {
+            reason: "IdentityChanged",
+            message,
+        });
+        report.write(ctx).await?;
+        return Ok(Outcome::Blocked(report.blocked_reason()));
+    }
     let workload = match traced(
         step_span("connect", key),
         ctx.connector
@@ -502,7 +529,7 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
     };
     ctx.metrics.observe_plan(&plan);
     let (memo_key, fingerprint) = &observed.memo_key;
-    if matches!(plan, Plan::Converged) && cluster.spec.paused != Some(true) {
+    if matches!(plan, Plan::Converged) && !paused {
         ctx.memo.remember(
             memo_key,
             *fingerprint,
@@ -512,7 +539,13 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
     } else {
         ctx.memo.forget(memo_key);
     }
-    if cluster.spec.paused == Some(true) {
+    if let Plan::Refuse(refusal) = &plan {
+        report.refused(refusal);
+        report.write(ctx).await?;
+        return Ok(Outcome::Blocked(refusal.message.clone()));
+    }
+    report.no_conflict();
+    if paused {
         let next = match &plan {
             Plan::Act(step) => Some(step.to_string()),
             _ => None,
@@ -521,6 +554,10 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
         report_step(&report, ctx, key).await?;
         return Ok(Outcome::Paused(next));
     }
+
+    // Recorded before the first workload write: from now on this is the etcd
+    // this resource manages.
+    report.record_identity(&identity);
 
     // act
     let outcome = match plan {
@@ -532,7 +569,36 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
             report.waiting(&why);
             Outcome::Waiting(why)
         }
+        Plan::Refuse(refusal) => {
+            report.refused(&refusal);
+            Outcome::Blocked(refusal.message)
+        }
         Plan::Act(step) => {
+            // The failure grace is judged again from the live object, not the
+            // copy this reconcile started from (a cache may be behind).
+            if let Step::RemoveMember {
+                member_id,
+                cause: plan::RemovalCause::Failed,
+                ..
+            } = &step
+                && let Some(health) = &observed.health
+            {
+                let live = api
+                    .get(&cluster.name_any())
+                    .await
+                    .map_err(Error::ManagementApi)?;
+                let still_failed = status::Report::new(&live)
+                    .failed_members(health, ctx.settings.member_failure_grace)
+                    .contains(member_id);
+                if !still_failed {
+                    let why = format!(
+                        "member {member_id:x} is not past its failure grace on the live object; not removed"
+                    );
+                    report.waiting(&why);
+                    report.write(ctx).await?;
+                    return Ok(Outcome::Waiting(why));
+                }
+            }
             let started = std::time::Instant::now();
             let span = info_span!(
                 "step",
@@ -591,6 +657,7 @@ fn plan_label(plan: &Plan) -> &'static str {
     match plan {
         Plan::Converged => "converged",
         Plan::Wait(_) => "wait",
+        Plan::Refuse(_) => "refuse",
         Plan::Act(step) => step.kind(),
     }
 }

@@ -14,8 +14,8 @@ use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
 use super::plan::{
-    EtcdObservation, ObjectKind, Observation, PodObservation, PvcObservation,
-    StatefulSetObservation,
+    EtcdObservation, FailedStep, ForeignObject, ObjectKind, Observation, PodObservation,
+    PvcObservation, StatefulSetObservation,
 };
 use super::resolve::Resolved;
 use super::status::Report;
@@ -119,6 +119,30 @@ fn hash_matches(meta: &kube::api::ObjectMeta, want: &str) -> bool {
     render::carried_hash(meta) == Some(want)
 }
 
+/// Records `obj` as a conflict unless its owner label names this cluster.
+/// Read before every write: an object at our name that another EtcdCluster
+/// (or nobody) holds is never overwritten, adopted or deleted.
+fn check_owner<K: Resource<DynamicType = ()>>(
+    obj: &K,
+    ns: &str,
+    owner: &str,
+    conflicts: &mut Vec<ForeignObject>,
+) -> bool {
+    let theirs = render::owner_of(obj.meta());
+    if theirs == Some(owner) {
+        return true;
+    }
+    conflicts.push(ForeignObject {
+        object: format!(
+            "{}/{ns}/{}",
+            K::kind(&()),
+            obj.meta().name.as_deref().unwrap_or("")
+        ),
+        owner: theirs.map(str::to_string),
+    });
+    false
+}
+
 /// Observes one cluster.
 pub async fn observe(
     cluster: &EtcdCluster,
@@ -142,6 +166,8 @@ pub async fn observe(
     let recalled = ctx
         .memo
         .recall(&key, fingerprint, ctx.settings.reread_after);
+    let mut conflicts = Vec::new();
+    let owner = inputs.owner_label();
 
     let pki = match &recalled {
         Some(r) => r.pki.clone(),
@@ -160,8 +186,9 @@ pub async fn observe(
         stale.push(ObjectKind::Pki);
     }
 
-    // Present and matching at the last converged reconcile: not re-read
-    // within `reread_after` (see `memo`).
+    // Present, owned and matching at the last converged reconcile: not
+    // re-read within `reread_after` (see `memo`).
+    let mut tls_secret_ca_present = false;
     if recalled.is_none() {
         let namespaces: Api<Namespace> = Api::all(client.clone());
         if namespaces.get_opt(ns).await.map_err(&err)?.is_none() {
@@ -175,7 +202,9 @@ pub async fn observe(
                 (ObjectKind::PeerTlsSecret, names.peer_tls_secret()),
             ] {
                 let fresh = match secrets.get_opt(&name).await.map_err(&err)? {
+                    Some(s) if !check_owner(&s, ns, &owner, &mut conflicts) => true,
                     Some(s) => {
+                        tls_secret_ca_present |= secret_str(&s, "ca.crt").is_some();
                         hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}")))
                             && pki.as_ref().is_some_and(|p| {
                                 secret_str(&s, "ca.crt").as_deref() == Some(p.ca.cert_pem())
@@ -194,24 +223,27 @@ pub async fn observe(
             (ObjectKind::ClientService, names.client_service()),
         ] {
             match services.get_opt(&name).await.map_err(&err)? {
-                Some(s)
-                    if hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}"))) => {}
+                Some(s) if !check_owner(&s, ns, &owner, &mut conflicts) => {}
+                Some(s) if hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}"))) => {}
                 _ => stale.push(kind),
             }
         }
         let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
         match pdbs.get_opt(&names.pdb()).await.map_err(&err)? {
+            Some(p) if !check_owner(&p, ns, &owner, &mut conflicts) => {}
             Some(p) if hash_matches(&p.metadata, &inputs.identity_hash("PodDisruptionBudget")) => {}
             _ => stale.push(ObjectKind::PodDisruptionBudget),
         }
         let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-        if configmaps
+        match configmaps
             .get_opt(&names.members_configmap())
             .await
             .map_err(&err)?
-            .is_none()
         {
-            stale.push(ObjectKind::MembersConfigMap);
+            None => stale.push(ObjectKind::MembersConfigMap),
+            Some(cm) => {
+                check_owner(&cm, ns, &owner, &mut conflicts);
+            }
         }
     }
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
@@ -219,6 +251,25 @@ pub async fn observe(
         .get_opt(&names.statefulset())
         .await
         .map_err(&err)?;
+    let mut storage_change = None;
+    if let Some(sts) = &statefulset
+        && check_owner(sts, ns, &owner, &mut conflicts)
+        && let Some((class, size)) = render::statefulset_storage(sts)
+    {
+        let want = (
+            inputs.storage_class.clone(),
+            Some(inputs.storage_size.clone()),
+        );
+        if (class.clone(), size.clone()) != want {
+            storage_change = Some(format!(
+                "spec.storage asks for class {:?}, size {}, but the StatefulSet's volumes are class {:?}, size {}",
+                inputs.storage_class,
+                inputs.storage_size,
+                class,
+                size.unwrap_or_default()
+            ));
+        }
+    }
     match &statefulset {
         None => stale.push(ObjectKind::StatefulSet),
         Some(sts) if !resolved.hold_statefulset() && render::drift(sts, inputs).is_some() => {
@@ -311,7 +362,32 @@ pub async fn observe(
         Some(h) => report.failed_members(h, ctx.settings.member_failure_grace),
         None => BTreeSet::new(),
     };
+    let failed_long_ago = match &health {
+        Some(h) => report.failed_members(
+            h,
+            ctx.settings.member_failure_grace * super::plan::READY_POD_GRACE_FACTOR,
+        ),
+        None => BTreeSet::new(),
+    };
 
+    // The management-side CA is gone but the workload still trusts one: a
+    // lost Secret, not a new cluster (which has neither).
+    let old_status = cluster.status.clone().unwrap_or_default();
+    let pki_lost =
+        inputs.tls && pki.is_none() && (tls_secret_ca_present || !old_status.members.is_empty());
+    let last_failure = old_status.last_operation.as_ref().and_then(|op| {
+        (op.outcome == "Failed").then(|| FailedStep {
+            kind: op.type_.clone(),
+            failures: op.failures.unwrap_or(1).max(1) as u32,
+            age: op
+                .time
+                .as_ref()
+                .and_then(|t| {
+                    Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(t.0)).ok()
+                })
+                .unwrap_or(Duration::MAX),
+        })
+    });
     let planner = Observation {
         names: names.clone(),
         tls: inputs.tls,
@@ -320,6 +396,7 @@ pub async fn observe(
         statefulset: statefulset.as_ref().map(|s| StatefulSetObservation {
             replicas: sts_replicas,
             image: render::statefulset_image(s).unwrap_or_default().to_string(),
+            template_hash: render::statefulset_template_hash(s).map(str::to_string),
         }),
         pods: pods.iter().map(|(o, p)| (*o, pod_observation(p))).collect(),
         pvcs: pvcs
@@ -338,7 +415,14 @@ pub async fn observe(
             .collect(),
         etcd,
         failed_members,
+        failed_long_ago,
         alarms,
+        conflicts,
+        pki_lost,
+        storage_change,
+        requested_version: Some(inputs.version.clone()),
+        known_voters: old_status.members.iter().filter(|m| !m.learner).count() as u32,
+        last_failure,
     };
     Ok(Observed {
         planner,
@@ -367,6 +451,7 @@ fn pod_observation(pod: &Pod) -> PodObservation {
             .and_then(|s| s.containers.first())
             .and_then(|c| c.image.clone())
             .unwrap_or_default(),
+        template_hash: pod.annotations().get(render::TEMPLATE_HASH).cloned(),
         running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
         ready: container.is_some_and(|c| c.ready),
         restart_count: container.map_or(0, |c| c.restart_count),
@@ -390,15 +475,24 @@ async fn observe_etcd(
         .get(pool_key, endpoints, config)
         .await
         .map_err(|e| e.to_string())?;
-    // Room for one endpoint to time out before the next one answers.
-    let members = tokio::time::timeout(
-        config.deadlines.request * 2 + Duration::from_secs(1),
-        client.list_members(),
-    )
-    .await
-    .map_err(|_| "member list timed out".to_string())?
-    .map_err(|e| e.to_string())?;
     let client_ref = &client;
+    // A fresh (linearizable) member list from whichever member answers first,
+    // over the cluster's pooled connections.
+    let attempts = endpoints.iter().map(|ep| {
+        Box::pin(async move {
+            let member = client_ref.member(ep).await.map_err(|e| e.to_string())?;
+            tokio::time::timeout(
+                config.deadlines.request + Duration::from_secs(1),
+                member.fresh_members(),
+            )
+            .await
+            .map_err(|_| format!("{ep}: member list timed out"))?
+            .map_err(|e| e.to_string())
+        })
+    });
+    let (_answered_by, members) = futures::future::select_ok(attempts)
+        .await
+        .map(|(ok, _)| ok)?;
     let observations = futures::future::join_all(members.into_iter().map(|member| async move {
         let advertised = member.client_urls.first().cloned().or_else(|| {
             member

@@ -12,8 +12,13 @@
 //! 5. scale down: move leadership away, remove the highest member, shrink,
 //!    then delete its PVC;
 //! 6. scale up: add the next member as a learner (one at a time);
-//! 7. roll members onto the StatefulSet's image: followers first, leader last
-//!    after moving leadership, one at a time, each gated on full health.
+//! 7. roll members onto the StatefulSet's pod template: followers first,
+//!    leader last after moving leadership, one at a time, each gated on full
+//!    health.
+//!
+//! Before all of these, refusals: a workload object that belongs to another
+//! owner, lost PKI, a storage change the StatefulSet cannot take, or a version
+//! the members' own reported version forbids. A refusal takes no step at all.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -46,12 +51,17 @@ pub struct StatefulSetObservation {
     pub replicas: u32,
     /// Image of the pod template.
     pub image: String,
+    /// The inputs hash the pod template carries ([`crate::render::TEMPLATE_HASH`]);
+    /// `None` on a StatefulSet written by a release that did not stamp it.
+    pub template_hash: Option<String>,
 }
 
 /// One pod of the StatefulSet as observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodObservation {
     pub image: String,
+    /// The pod-template hash the pod was made from (copied from the template).
+    pub template_hash: Option<String>,
     pub running: bool,
     pub ready: bool,
     pub restart_count: i32,
@@ -87,8 +97,79 @@ pub struct Observation {
     pub etcd: EtcdObservation,
     /// Members unhealthy for longer than the failure grace period.
     pub failed_members: BTreeSet<u64>,
+    /// Members unhealthy for longer than [`READY_POD_GRACE_FACTOR`] grace
+    /// periods: a member whose pod the kubelet reports ready is replaced only
+    /// then (the ready pod is a second vantage point, but a weak one: the
+    /// kubelet's check is not etcd's quorum).
+    pub failed_long_ago: BTreeSet<u64>,
     /// Alarms etcd has raised (NOSPACE, CORRUPT).
     pub alarms: Vec<Alarm>,
+    /// Workload objects at this cluster's names that another owner (or nobody)
+    /// holds. Nothing is written while any exists.
+    pub conflicts: Vec<ForeignObject>,
+    /// TLS is on, the management-side CA is gone, but the workload cluster
+    /// still has certificates from a CA: a new CA would lock every member out.
+    pub pki_lost: bool,
+    /// A storage change the StatefulSet cannot take (its claim templates are
+    /// immutable): what changed.
+    pub storage_change: Option<String>,
+    /// The version the spec asks for (`MAJOR.MINOR.PATCH`).
+    pub requested_version: Option<String>,
+    /// Voters the stored status listed last time: a cluster that had members
+    /// and now has none answering has lost quorum, it is not bootstrapping.
+    pub known_voters: u32,
+    /// The last step, if it failed: a step that keeps failing is retried with
+    /// exponential backoff, never in a tight loop.
+    pub last_failure: Option<FailedStep>,
+}
+
+/// A workload object this cluster would write or delete, held by another owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignObject {
+    /// `Kind/namespace/name`.
+    pub object: String,
+    /// The value of its owner label; `None` when it has none (made by hand or by
+    /// another tool).
+    pub owner: Option<String>,
+}
+
+/// A step that failed, as recorded in `status.lastOperation`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedStep {
+    /// `Step::kind()` of the failed step.
+    pub kind: String,
+    /// Failures in a row.
+    pub failures: u32,
+    /// Time since the last failure.
+    pub age: std::time::Duration,
+}
+
+/// How many failure grace periods a member that does not answer the
+/// controller, but whose pod is ready, is given before it is replaced.
+pub const READY_POD_GRACE_FACTOR: u32 = 5;
+
+/// First retry delay of a failing step; doubles per failure up to [`RETRY_MAX`].
+pub const RETRY_BASE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Longest delay between retries of a failing step.
+pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Delay before retrying a step that failed `failures` times in a row: a
+/// single failure is retried at once (a lost answer, a blip); from the second
+/// on, the delay doubles.
+pub fn retry_delay(failures: u32) -> std::time::Duration {
+    if failures <= 1 {
+        return std::time::Duration::ZERO;
+    }
+    let exp = (failures - 2).min(16);
+    RETRY_BASE.saturating_mul(1u32 << exp).min(RETRY_MAX)
+}
+
+/// Why the controller refuses to act (reported as `Conflict=True`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Condition reason.
+    pub reason: &'static str,
+    pub message: String,
 }
 
 /// Why a member is removed.
@@ -255,10 +336,70 @@ pub enum Plan {
     Wait(String),
     /// Nothing to do.
     Converged,
+    /// Acting would harm data or another owner; nothing is done until a person
+    /// resolves it.
+    Refuse(Refusal),
 }
+
+/// What identity the spec asks for differs from the recorded one: the
+/// message, or `None` when they match (or nothing is recorded yet).
+pub fn identity_mismatch(
+    recorded: Option<&etcdfleet_api::ManagedIdentity>,
+    wanted: &etcdfleet_api::ManagedIdentity,
+) -> Option<String> {
+    let recorded = recorded?;
+    let mut changed = Vec::new();
+    if recorded.kubeconfig_secret != wanted.kubeconfig_secret {
+        changed.push(format!(
+            "workload cluster (kubeconfig Secret {} → {})",
+            recorded.kubeconfig_secret, wanted.kubeconfig_secret
+        ));
+    }
+    if recorded.workload_namespace != wanted.workload_namespace {
+        changed.push(format!(
+            "workloadNamespace ({} → {})",
+            recorded.workload_namespace, wanted.workload_namespace
+        ));
+    }
+    if recorded.tls != wanted.tls {
+        changed.push(format!("tls.enabled ({} → {})", recorded.tls, wanted.tls));
+    }
+    (!changed.is_empty()).then(|| {
+        format!(
+            "the spec moves a running etcd: {}; this would start a second, empty etcd \
+             (or lock the controller out of this one). Revert the spec; to move etcd, \
+             back it up and restore it into a new EtcdCluster",
+            changed.join(", ")
+        )
+    })
+}
+
+/// What a person can do when quorum is lost (no automatic action is safe:
+/// only a person knows whether the missing members' disks are coming back).
+pub const QUORUM_LOSS_HELP: &str = "if the missing members' pods and volumes can come back, \
+     bring them back and the cluster recovers by itself; otherwise restore from a backup \
+     snapshot (an EtcdBackup, or `etcdutl snapshot restore` into a new EtcdCluster, \
+     following etcd's disaster-recovery guide); the controller removes or restarts nothing \
+     while quorum is lost";
 
 /// Decides the next step. Pure; see the module docs for the order.
 pub fn plan_next_step(obs: &Observation) -> Plan {
+    if let Some(refusal) = refusal(obs) {
+        return Plan::Refuse(refusal);
+    }
+    // A step that keeps failing waits out its backoff (no destructive work is
+    // redone in a tight loop, e.g. compact + defragment every member).
+    if let Some(failed) = &obs.last_failure {
+        let delay = retry_delay(failed.failures);
+        if failed.age < delay {
+            return Plan::Wait(format!(
+                "{} failed {} time(s) in a row; retrying with backoff (up to {}s between attempts)",
+                failed.kind,
+                failed.failures,
+                delay.as_secs()
+            ));
+        }
+    }
     // 1. Workload objects (the StatefulSet itself is created by bootstrap).
     let (missing_sts, others): (Vec<_>, Vec<_>) = obs
         .stale_objects
@@ -288,6 +429,12 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
             if sts.replicas < wanted {
                 return Plan::Act(Step::ScaleStatefulSet { replicas: wanted });
             }
+            if obs.known_voters > 0 {
+                return Plan::Wait(format!(
+                    "quorum lost: none of the {} known voting members answers ({why}); {QUORUM_LOSS_HELP}",
+                    obs.known_voters
+                ));
+            }
             return Plan::Wait(format!(
                 "no etcd member answers yet ({why}); waiting for {} to start",
                 describe_pods(obs)
@@ -315,6 +462,16 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
             .map(|m| m.member.id)
     };
 
+    // Without quorum etcd can change nothing, and only a person can tell
+    // whether the missing members come back: no step at all.
+    if health.voter_count() > 0 && !health.has_quorum() {
+        return Plan::Wait(format!(
+            "quorum lost: only {} of {} voting members are healthy; {QUORUM_LOSS_HELP}",
+            health.healthy_voter_count(),
+            health.voter_count()
+        ));
+    }
+
     // Record which member each PVC holds as soon as both exist, so that data
     // of a member that is later removed is recognised as stale.
     for m in health.members() {
@@ -330,16 +487,13 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
         }
     }
 
-    // 3. A learner in flight.
-    if let Some(learner) = health.learners().next() {
+    // 3. A learner in flight (one this controller added: a foreign learner,
+    // whose peer URL is not ours, is reported and never removed).
+    if let Some((learner, ordinal)) = health
+        .learners()
+        .find_map(|l| ordinal_of(l.member.id).map(|o| (l, o)))
+    {
         let id = learner.member.id;
-        let Some(ordinal) = ordinal_of(id) else {
-            return Plan::Act(Step::RemoveMember {
-                ordinal: None,
-                member_id: id,
-                cause: RemovalCause::Failed,
-            });
-        };
         if sts.replicas <= ordinal {
             return Plan::Act(Step::ScaleStatefulSet {
                 replicas: ordinal + 1,
@@ -359,13 +513,23 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
                 });
             }
             Err(why) => {
-                if obs.failed_members.contains(&id) && health.can_remove(id).is_ok() {
+                // A learner whose pod never ran has not failed: it has not started.
+                let started = obs.pods.get(&ordinal).is_some_and(|p| p.running);
+                if started && obs.failed_members.contains(&id) && health.can_remove(id).is_ok() {
                     return Plan::Act(Step::RemoveMember {
                         ordinal: Some(ordinal),
                         member_id: id,
                         cause: RemovalCause::Failed,
                     });
                 }
+                // No raft indexes in the message: they change on every write
+                // and would turn every reconcile into a status write.
+                let why = match why {
+                    crate::etcd::UnsafeReason::LearnerBehind { .. } => {
+                        "it is catching up with the leader".to_string()
+                    }
+                    other => other.to_string(),
+                };
                 return Plan::Wait(format!(
                     "learner {} not promotable yet: {why}",
                     obs.names.pod(ordinal)
@@ -374,12 +538,30 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
         }
     }
 
-    // 4. Failed voters.
+    // 4. Failed voters: only members this controller made (foreign ones are
+    // reported, never removed), and only when the workload cluster agrees: a
+    // member the controller cannot reach but whose pod passes etcd's own
+    // health probe is a network problem between us and it, not a failure.
     for id in &obs.failed_members {
         if let Some(m) = health.member(*id)
             && !m.member.is_learner
+            && let Some(o) = ordinal_of(*id)
         {
-            let ordinal = ordinal_of(*id);
+            // Unreachable (no answer at all, not even status) yet ready: a
+            // member that answers but is unhealthy (a wiped disk, another
+            // cluster's data) is failed whatever its serializable probe says.
+            if m.status.is_none()
+                && obs.pods.get(&o).is_some_and(|p| p.ready && p.running)
+                && !obs.failed_long_ago.contains(id)
+            {
+                return Plan::Wait(format!(
+                    "member {} does not answer the controller but its pod is ready: not \
+                     replaced yet (given {READY_POD_GRACE_FACTOR} failure grace periods); \
+                     check the network between the controller and the workload cluster",
+                    obs.names.pod(o)
+                ));
+            }
+            let ordinal = Some(o);
             return match health.can_remove(*id) {
                 Ok(()) => Plan::Act(Step::RemoveMember {
                     ordinal,
@@ -456,11 +638,22 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
         .collect();
     beyond.sort();
     let foreign: Vec<u64> = health
-        .voters()
+        .members()
+        .iter()
         .filter(|m| ordinal_of(m.member.id).is_none())
         .map(|m| m.member.id)
         .collect();
     if let Some(&(ordinal, id)) = beyond.last() {
+        // Preflight: shrinking with a member down removes fault tolerance the
+        // cluster is already short of (5 → 3 with one down leaves none).
+        if let Some(sick) = health.voters().find(|m| !m.healthy) {
+            return Plan::Wait(format!(
+                "scale-down to {} members waits until every member is healthy: {} is not",
+                obs.desired_replicas,
+                ordinal_of(sick.member.id)
+                    .map_or_else(|| format!("{:x}", sick.member.id), |o| obs.names.pod(o))
+            ));
+        }
         if health.leader() == Some(id) {
             return match pick_new_leader(health, &|o| o < obs.desired_replicas, &ordinal_of, id) {
                 Some(to) => Plan::Act(Step::MoveLeader { from: id, to }),
@@ -491,9 +684,13 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
     // 6. Scale up through learners, one at a time.
     let voters = health.voter_count() as u32;
     if voters < obs.desired_replicas {
-        let next = (0..obs.desired_replicas)
-            .find(|o| member_at(*o).is_none())
-            .expect("fewer voters than desired leaves a free ordinal");
+        let Some(next) = (0..obs.desired_replicas).find(|o| member_at(*o).is_none()) else {
+            return Plan::Wait(format!(
+                "{voters} voting members, {} wanted, but every ordinal is taken: \
+                 a member this controller does not own holds one",
+                obs.desired_replicas
+            ));
+        };
         if let Some(pvc) = obs.pvcs.get(&next)
             && pvc.member_id.is_some()
         {
@@ -522,11 +719,17 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
         };
     }
 
-    // 7. Roll members onto the StatefulSet's image.
+    // 7. Roll members onto the StatefulSet's pod template. The template hash
+    // covers every input (flags, resources, image, pod overrides); the image is
+    // compared only for StatefulSets written before the hash was stamped. An
+    // admission webhook that rewrites images (mirror, digest) changes no hash.
     let outdated: Vec<(u32, u64)> = obs
         .pods
         .iter()
-        .filter(|(_, p)| p.image != sts.image)
+        .filter(|(_, p)| match &sts.template_hash {
+            Some(h) => p.template_hash.as_ref() != Some(h),
+            None => p.image != sts.image,
+        })
         .filter_map(|(o, _)| member_at(*o).map(|id| (*o, id)))
         .collect();
     if !outdated.is_empty() {
@@ -616,6 +819,69 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
         ));
     }
     Plan::Converged
+}
+
+/// Why nothing may be done at all, if so. Checked before every step.
+fn refusal(obs: &Observation) -> Option<Refusal> {
+    if !obs.conflicts.is_empty() {
+        let list: Vec<String> = obs
+            .conflicts
+            .iter()
+            .map(|c| match &c.owner {
+                Some(owner) => format!("{} (owned by {owner})", c.object),
+                None => format!("{} (not made by etcdfleet: no owner label)", c.object),
+            })
+            .collect();
+        return Some(Refusal {
+            reason: "ObjectOwnedElsewhere",
+            message: format!(
+                "workload objects at this cluster's names belong to someone else: {}; \
+                 nothing is written, adopted or deleted. Rename this EtcdCluster or set a \
+                 different workloadNamespace",
+                list.join(", ")
+            ),
+        });
+    }
+    if obs.pki_lost {
+        return Some(Refusal {
+            reason: "PkiLost",
+            message: format!(
+                "the CA Secret {} is gone from the management cluster, but the members still use \
+                 certificates of the old CA; a new CA would lock every member out. Restore the \
+                 Secret (from a backup of the management cluster); nothing is re-keyed",
+                obs.names.pki_secret()
+            ),
+        });
+    }
+    if let Some(change) = &obs.storage_change {
+        return Some(Refusal {
+            reason: "StorageImmutable",
+            message: format!(
+                "{change}; a StatefulSet's volume claim templates cannot change, so nothing is \
+                 written. Revert spec.storage"
+            ),
+        });
+    }
+    if let (Some(requested), EtcdObservation::Observed(health)) =
+        (&obs.requested_version, &obs.etcd)
+    {
+        for m in health.members() {
+            if let Some(running) = m.status.as_ref().map(|s| s.version.as_str())
+                && !running.is_empty()
+                && let Err(rejection) = etcdfleet_api::version::decide(Some(running), requested)
+            {
+                return Some(Refusal {
+                    reason: "VersionRejected",
+                    message: format!(
+                        "member {:x} runs {running} (as etcd reports it): {}",
+                        m.member.id,
+                        rejection.message()
+                    ),
+                });
+            }
+        }
+    }
+    None
 }
 
 /// A healthy voter (other than `from`, passing `eligible` on its ordinal) to
@@ -708,6 +974,7 @@ mod tests {
     fn pod(image: &str) -> PodObservation {
         PodObservation {
             image: image.into(),
+            template_hash: None,
             running: true,
             ready: true,
             restart_count: 0,
@@ -725,6 +992,7 @@ mod tests {
             statefulset: Some(StatefulSetObservation {
                 replicas: n,
                 image: IMG.into(),
+                template_hash: None,
             }),
             pods: (0..n).map(|o| (o, pod(IMG))).collect(),
             pvcs: (0..n)
@@ -741,7 +1009,14 @@ mod tests {
                 (0..n).map(|o| member(o, true, o == 0, false)).collect(),
             )),
             failed_members: BTreeSet::new(),
+            failed_long_ago: BTreeSet::new(),
             alarms: vec![],
+            conflicts: vec![],
+            pki_lost: false,
+            storage_change: None,
+            requested_version: None,
+            known_voters: n,
+            last_failure: None,
         }
     }
 
@@ -796,6 +1071,7 @@ mod tests {
     #[test]
     fn bootstrap_mode_only_waits_or_adds() {
         let mut obs = converged(3, 1);
+        obs.known_voters = 0;
         obs.etcd = EtcdObservation::Unreachable("connection refused".into());
         obs.failed_members = BTreeSet::from([101]);
         match plan_next_step(&obs) {
@@ -872,7 +1148,11 @@ mod tests {
         behind.status.as_mut().unwrap().raft_index = 10;
         let obs = with_members(converged(2, 3), vec![member(0, true, true, false), behind]);
         match plan_next_step(&obs) {
-            Plan::Wait(why) => assert!(why.contains("not promotable"), "{why}"),
+            Plan::Wait(why) => {
+                assert!(why.contains("not promotable"), "{why}");
+                // Stable while the learner catches up: no raft index in it.
+                assert!(!why.contains("10") && !why.contains("50"), "{why}");
+            }
             other => panic!("expected wait, got {other:?}"),
         }
     }
@@ -907,7 +1187,7 @@ mod tests {
             ],
         );
         match plan_next_step(&obs) {
-            Plan::Wait(why) => assert!(why.contains("scaling to 5 members waits"), "{why}"),
+            Plan::Wait(why) => assert!(why.contains("quorum lost"), "{why}"),
             other => panic!("expected wait, got {other:?}"),
         }
     }
@@ -972,6 +1252,7 @@ mod tests {
             ],
         );
         obs.failed_members = BTreeSet::from([102]);
+        obs.pods.get_mut(&2).unwrap().ready = false;
         assert_eq!(
             plan_next_step(&obs),
             Plan::Act(Step::RemoveMember {
@@ -1009,7 +1290,10 @@ mod tests {
         );
         obs.failed_members = BTreeSet::from([101, 102]);
         match plan_next_step(&obs) {
-            Plan::Wait(why) => assert!(why.contains("cannot be replaced safely"), "{why}"),
+            Plan::Wait(why) => {
+                assert!(why.contains("quorum lost"), "{why}");
+                assert!(why.contains("restore from a backup"), "{why}");
+            }
             other => panic!("expected wait, got {other:?}"),
         }
     }
@@ -1194,6 +1478,247 @@ mod tests {
             ],
         );
         assert_eq!(plan_next_step(&obs), Plan::Converged);
+    }
+
+    fn foreign(id: u64, healthy: bool, learner: bool) -> MemberObservation {
+        let mut m = member(0, healthy, false, learner);
+        m.member.id = id;
+        m.member.name = "someone-else".into();
+        m.member.peer_urls = vec!["https://10.9.9.9:2380".into()];
+        m.member.client_urls = vec!["https://10.9.9.9:2379".into()];
+        if let Some(s) = m.status.as_mut() {
+            s.member_id = id;
+        }
+        m
+    }
+
+    fn refused(plan: Plan) -> Refusal {
+        match plan {
+            Plan::Refuse(r) => r,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_object_owned_by_another_cluster_refuses_every_step() {
+        let mut obs = converged(3, 3);
+        obs.stale_objects = vec![ObjectKind::StatefulSet];
+        obs.conflicts = vec![ForeignObject {
+            object: "StatefulSet/etcd-system/c-etcd".into(),
+            owner: Some("team-b.c".into()),
+        }];
+        let r = refused(plan_next_step(&obs));
+        assert_eq!(r.reason, "ObjectOwnedElsewhere");
+        assert!(
+            r.message
+                .contains("StatefulSet/etcd-system/c-etcd (owned by team-b.c)"),
+            "{}",
+            r.message
+        );
+        obs.conflicts[0].owner = None;
+        assert!(
+            refused(plan_next_step(&obs))
+                .message
+                .contains("no owner label")
+        );
+    }
+
+    #[test]
+    fn lost_pki_and_untakeable_storage_changes_are_refused() {
+        let mut obs = converged(3, 3);
+        obs.pki_lost = true;
+        obs.stale_objects = vec![ObjectKind::Pki];
+        assert_eq!(refused(plan_next_step(&obs)).reason, "PkiLost");
+        let mut obs = converged(3, 3);
+        obs.storage_change = Some("size 8Gi → 16Gi".into());
+        assert_eq!(refused(plan_next_step(&obs)).reason, "StorageImmutable");
+    }
+
+    #[test]
+    fn identity_mismatch_names_what_moved_and_nothing_recorded_passes() {
+        let recorded = etcdfleet_api::ManagedIdentity {
+            kubeconfig_secret: "a-kubeconfig/value".into(),
+            workload_namespace: "etcd-system".into(),
+            tls: true,
+        };
+        assert_eq!(identity_mismatch(None, &recorded), None);
+        assert_eq!(identity_mismatch(Some(&recorded), &recorded), None);
+        let mut moved = recorded.clone();
+        moved.workload_namespace = "other".into();
+        moved.tls = false;
+        let why = identity_mismatch(Some(&recorded), &moved).unwrap();
+        assert!(
+            why.contains("workloadNamespace (etcd-system → other)"),
+            "{why}"
+        );
+        assert!(why.contains("tls.enabled (true → false)"), "{why}");
+    }
+
+    #[test]
+    fn a_version_below_what_etcd_reports_is_refused() {
+        // A CR recreated over retained volumes: no status, members at 3.5.1.
+        let mut obs = converged(3, 3);
+        obs.requested_version = Some("3.4.23".into());
+        assert_eq!(refused(plan_next_step(&obs)).reason, "VersionRejected");
+        obs.requested_version = Some("3.5.1".into());
+        assert_eq!(plan_next_step(&obs), Plan::Converged);
+    }
+
+    #[test]
+    fn foreign_members_are_reported_never_removed() {
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, true, false, false),
+                foreign(999, false, true),
+            ],
+        );
+        obs.failed_members = BTreeSet::from([999]);
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => assert!(why.contains("3e7") && why.contains("by hand"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+        // A failed foreign voter is not removed either.
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, true, false, false),
+                foreign(999, false, false),
+            ],
+        );
+        obs.failed_members = BTreeSet::from([999]);
+        assert!(matches!(plan_next_step(&obs), Plan::Wait(_)));
+    }
+
+    #[test]
+    fn a_member_unreachable_from_the_controller_but_ready_in_its_pod_is_not_failed() {
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        obs.failed_members = BTreeSet::from([102]);
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => assert!(why.contains("pod is ready"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+        // Past the longer grace, it is replaced after all.
+        obs.failed_long_ago = BTreeSet::from([102]);
+        assert!(matches!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RemoveMember { member_id: 102, .. })
+        ));
+    }
+
+    #[test]
+    fn a_learner_whose_pod_never_started_is_not_failed() {
+        let mut learner = member(2, false, false, true);
+        learner.member.name.clear();
+        let mut obs = with_members(
+            converged(2, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                learner,
+            ],
+        );
+        obs.statefulset.as_mut().unwrap().replicas = 3;
+        obs.pods.insert(
+            2,
+            PodObservation {
+                running: false,
+                ready: false,
+                ..pod(IMG)
+            },
+        );
+        obs.failed_members = BTreeSet::from([102]);
+        assert!(matches!(plan_next_step(&obs), Plan::Wait(_)));
+    }
+
+    #[test]
+    fn scale_down_is_refused_while_a_member_is_unhealthy() {
+        let obs = with_members(
+            converged(5, 3),
+            (0..5).map(|o| member(o, o != 1, o == 0, false)).collect(),
+        );
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => {
+                assert!(
+                    why.contains("scale-down to 3 members waits") && why.contains("c-etcd-1"),
+                    "{why}"
+                )
+            }
+            other => panic!("expected wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn quorum_loss_takes_no_step_and_says_what_a_person_can_do() {
+        let mut obs = converged(3, 3);
+        obs.etcd = EtcdObservation::Unreachable("context deadline exceeded".into());
+        obs.failed_members = BTreeSet::from([100, 101]);
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => {
+                assert!(
+                    why.contains("quorum lost") && why.contains("snapshot"),
+                    "{why}"
+                )
+            }
+            other => panic!("expected wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pod_from_an_older_template_is_rolled_and_a_rewritten_image_is_not() {
+        let mut obs = converged(3, 3);
+        obs.statefulset.as_mut().unwrap().template_hash = Some("new".into());
+        for p in obs.pods.values_mut() {
+            p.template_hash = Some("old".into());
+        }
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RestartMember {
+                ordinal: 1,
+                member_id: 101
+            })
+        );
+        // Every pod from the current template, images rewritten by a webhook.
+        for p in obs.pods.values_mut() {
+            p.template_hash = Some("new".into());
+            p.image = "mirror.example/etcd@sha256:abc".into();
+        }
+        assert_eq!(plan_next_step(&obs), Plan::Converged);
+    }
+
+    #[test]
+    fn a_step_that_keeps_failing_backs_off_exponentially() {
+        assert_eq!(retry_delay(1), std::time::Duration::ZERO);
+        assert_eq!(retry_delay(2), RETRY_BASE);
+        assert_eq!(retry_delay(3), RETRY_BASE * 2);
+        assert_eq!(retry_delay(40), RETRY_MAX);
+        let mut obs = converged(3, 3);
+        obs.alarms = vec![Alarm {
+            member_id: 101,
+            kind: AlarmKind::NoSpace,
+        }];
+        obs.last_failure = Some(FailedStep {
+            kind: "RecoverFromNoSpace".into(),
+            failures: 3,
+            age: std::time::Duration::from_secs(2),
+        });
+        match plan_next_step(&obs) {
+            Plan::Wait(why) => assert!(why.contains("failed 3 time(s)"), "{why}"),
+            other => panic!("expected wait, got {other:?}"),
+        }
+        obs.last_failure.as_mut().unwrap().age = std::time::Duration::from_secs(11);
+        assert_eq!(plan_next_step(&obs), Plan::Act(Step::RecoverFromNoSpace));
     }
 
     #[test]

@@ -9,11 +9,11 @@
 //! annotation [`REBASE_ANNOTATION`] — re-resolves from the current template,
 //! changing only fields that still hold the values written last time.
 
-use etcdfleet_api::template::{Resolution, ResolveError, materialize, resolve};
+use etcdfleet_api::template::{Resolution, ResolveError, ResolvedEtcdSpec, materialize, resolve};
 use etcdfleet_api::version::{VersionChange, decide, image_for};
 use etcdfleet_api::{
-    ClusterEtcdTemplate, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTemplate, FIELD_MANAGER,
-    TemplateKind,
+    ClusterEtcdTemplate, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTemplate, EtcdTuning,
+    FIELD_MANAGER, StorageSpec, TemplateKind, TlsSpec,
 };
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
@@ -107,9 +107,18 @@ pub async fn resolve_cluster(
         .and_then(|s| s.template.as_ref())
         .is_some();
     let rebase = cluster.annotations().contains_key(REBASE_ANNOTATION);
+    // Paused: no write at all, materialization and rebase included.
+    let paused = cluster.spec.paused == Some(true);
     let mut spec = cluster.spec.clone();
+    let mut resource_version = report.resource_version();
+    // The values this controller wrote into the spec so far (for a rebase).
+    let mut recorded: serde_json::Value = cluster
+        .annotations()
+        .get(MATERIALIZED_ANNOTATION)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
 
-    if spec.template_ref.is_some() && (!materialized || rebase) {
+    if !paused && spec.template_ref.is_some() && (!materialized || rebase) {
         let templates = match fetch_templates(cluster, ctx).await? {
             Ok(t) => t,
             Err(e) => {
@@ -119,7 +128,13 @@ pub async fn resolve_cluster(
         };
         let (ct, t) = templates;
         if rebase {
-            spec = rebased_spec(cluster);
+            spec = match rebased_spec(cluster) {
+                Ok(s) => s,
+                Err(e) => {
+                    report.template_failed(&e);
+                    return Ok(None);
+                }
+            };
         }
         let resolution = match resolve(ct.as_ref(), t.as_ref(), &spec) {
             Ok(r) => r,
@@ -129,10 +144,12 @@ pub async fn resolve_cluster(
             }
         };
         let values = materialize(&spec, &resolution);
-        write_materialized(cluster, ctx, &values, rebase).await?;
+        (resource_version, recorded) =
+            write_materialized(cluster, ctx, &values, rebase, &spec).await?;
+        report.advance_resource_version(resource_version.clone());
         report.template_applied(ct.as_ref(), t.as_ref(), &resolution);
         // Continue with the spec as now written.
-        spec.config = merge_config(&spec.config, &values);
+        spec.config = merge_config(&spec.config, &values).map_err(Error::Invalid)?;
     }
 
     // From here on the spec alone is the truth.
@@ -144,6 +161,22 @@ pub async fn resolve_cluster(
         }
     };
     report.template_resolved(&resolution);
+
+    // Every value the rendered objects depend on goes into the spec: a later
+    // release that changes a built-in default then changes nothing here.
+    let defaults = controller_defaults(&spec, &resolution.spec);
+    if !paused && defaults != EtcdConfig::default() {
+        let rv = write_defaults(
+            cluster,
+            ctx,
+            &defaults,
+            resource_version.as_deref(),
+            recorded,
+        )
+        .await?;
+        report.advance_resource_version(rv);
+        spec.config = merge_config(&spec.config, &defaults).map_err(Error::Invalid)?;
+    }
 
     let current = cluster
         .status
@@ -212,25 +245,131 @@ pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderIn
     }
 }
 
+/// The values the controller itself would fill in (built-in defaults) for
+/// fields the spec leaves empty: what the rendered objects depend on.
+pub fn controller_defaults(spec: &EtcdClusterSpec, r: &ResolvedEtcdSpec) -> EtcdConfig {
+    let c = &spec.config;
+    let mut out = EtcdConfig::default();
+    if c.replicas.is_none() {
+        out.replicas = Some(r.replicas);
+    }
+    if c.image_repository.is_none() {
+        out.image_repository = Some(
+            r.image
+                .rsplit_once(':')
+                .map_or(r.image.as_str(), |(repo, _)| repo)
+                .to_string(),
+        );
+    }
+    if c.workload_namespace.is_none() {
+        out.workload_namespace = Some(r.workload_namespace.clone());
+    }
+    let storage = c.storage.clone().unwrap_or_default();
+    let mut add_storage = StorageSpec::default();
+    if storage.size.is_none() {
+        add_storage.size = Some(r.storage.size.clone());
+    }
+    if storage.storage_class_name.is_none() {
+        add_storage.storage_class_name = r.storage.class.clone();
+    }
+    if add_storage != StorageSpec::default() {
+        out.storage = Some(add_storage);
+    }
+    if c.tls.as_ref().and_then(|t| t.enabled).is_none() {
+        out.tls = Some(TlsSpec {
+            enabled: Some(r.tls_enabled),
+        });
+    }
+    let tuning = c.etcd.clone().unwrap_or_default();
+    let t = &r.tuning;
+    let add_tuning = EtcdTuning {
+        heartbeat_interval_millis: tuning
+            .heartbeat_interval_millis
+            .is_none()
+            .then_some(t.heartbeat_interval_millis),
+        election_timeout_millis: tuning
+            .election_timeout_millis
+            .is_none()
+            .then_some(t.election_timeout_millis),
+        quota_backend_bytes: tuning
+            .quota_backend_bytes
+            .is_none()
+            .then_some(t.quota_backend_bytes),
+        auto_compaction_retention: tuning
+            .auto_compaction_retention
+            .is_none()
+            .then(|| t.auto_compaction_retention.clone()),
+        snapshot_count: tuning.snapshot_count.is_none().then_some(t.snapshot_count),
+    };
+    if add_tuning != EtcdTuning::default() {
+        out.etcd = Some(add_tuning);
+    }
+    out
+}
+
+/// Writes the controller's defaults into the spec (a merge patch conditional
+/// on the resourceVersion read: a concurrent edit wins and is re-read) and
+/// records them with the template values, so a rebase treats them alike.
+async fn write_defaults(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    defaults: &EtcdConfig,
+    resource_version: Option<&str>,
+    mut recorded: serde_json::Value,
+) -> Result<Option<String>> {
+    let api: Api<EtcdCluster> = Api::namespaced(
+        ctx.management.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    let values = to_json(defaults).map_err(Error::Invalid)?;
+    merge_json(&mut recorded, &values);
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "annotations": { MATERIALIZED_ANNOTATION: recorded.to_string() },
+        },
+        "spec": values,
+    });
+    let written = api
+        .patch(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::ManagementApi)?;
+    Ok(written.metadata.resource_version)
+}
+
+fn to_json(config: &EtcdConfig) -> std::result::Result<serde_json::Value, String> {
+    serde_json::to_value(config).map_err(|e| format!("spec does not serialize: {e}"))
+}
+
 /// For a rebase: the spec with every field that still holds the value last
 /// written from a template cleared, so the current template fills it again.
-/// Fields the user changed since are kept.
-fn rebased_spec(cluster: &EtcdCluster) -> EtcdClusterSpec {
+/// Fields the user changed since are kept. Clearing can leave an object
+/// without a required field (a backup destination without its bucket): that
+/// is a resolve error, reported, never a panic.
+fn rebased_spec(cluster: &EtcdCluster) -> Result<EtcdClusterSpec, ResolveError> {
     let mut spec = cluster.spec.clone();
     let Some(previous) = cluster
         .annotations()
         .get(MATERIALIZED_ANNOTATION)
         .and_then(|json| serde_json::from_str::<serde_json::Value>(json).ok())
     else {
-        return spec;
+        return Ok(spec);
     };
-    let mut current = serde_json::to_value(&spec.config).expect("EtcdConfig serializes");
+    let invalid = |e: serde_json::Error| ResolveError::InvalidField {
+        path: "metadata.annotations".into(),
+        message: format!("rebase cannot clear the values written last time: {e}"),
+    };
+    let mut current = serde_json::to_value(&spec.config).map_err(invalid)?;
     clear_matching(&mut current, &previous);
     let storage = spec.config.storage.take();
-    spec.config = serde_json::from_value(current).expect("EtcdConfig round-trips");
+    spec.config = serde_json::from_value(current).map_err(invalid)?;
     // Storage is immutable once set (the CRD enforces it): a rebase never moves it.
     spec.config.storage = storage;
-    spec
+    Ok(spec)
 }
 
 /// Removes from `current` every leaf equal to the same leaf in `previous`.
@@ -253,11 +392,12 @@ fn clear_matching(current: &mut serde_json::Value, previous: &serde_json::Value)
     }
 }
 
-fn merge_config(base: &EtcdConfig, add: &EtcdConfig) -> EtcdConfig {
-    let mut b = serde_json::to_value(base).expect("EtcdConfig serializes");
-    let a = serde_json::to_value(add).expect("EtcdConfig serializes");
+fn merge_config(base: &EtcdConfig, add: &EtcdConfig) -> std::result::Result<EtcdConfig, String> {
+    let err = |e: serde_json::Error| format!("spec does not round-trip: {e}");
+    let mut b = serde_json::to_value(base).map_err(err)?;
+    let a = serde_json::to_value(add).map_err(err)?;
     merge_json(&mut b, &a);
-    serde_json::from_value(b).expect("EtcdConfig round-trips")
+    serde_json::from_value(b).map_err(err)
 }
 
 fn merge_json(base: &mut serde_json::Value, add: &serde_json::Value) {
@@ -285,7 +425,8 @@ async fn write_materialized(
     ctx: &Context,
     values: &EtcdConfig,
     rebase: bool,
-) -> Result<()> {
+    rebased: &EtcdClusterSpec,
+) -> Result<(Option<String>, serde_json::Value)> {
     let api: Api<EtcdCluster> = Api::namespaced(
         ctx.management.clone(),
         &cluster.namespace().unwrap_or_default(),
@@ -300,16 +441,13 @@ async fn write_materialized(
     } else {
         previous
     };
-    merge_json(
-        &mut recorded,
-        &serde_json::to_value(values).expect("EtcdConfig serializes"),
-    );
-    let mut spec = serde_json::to_value(values).expect("EtcdConfig serializes");
+    merge_json(&mut recorded, &to_json(values).map_err(Error::Invalid)?);
+    let mut spec = to_json(values).map_err(Error::Invalid)?;
     if rebase {
         // A rebase replaces values the template wrote before: apply the whole
         // rebased config so this field manager owns exactly what it wrote.
-        spec = serde_json::to_value(merge_config(&rebased_spec(cluster).config, values))
-            .expect("EtcdConfig serializes");
+        spec = to_json(&merge_config(&rebased.config, values).map_err(Error::Invalid)?)
+            .map_err(Error::Invalid)?;
     }
     let apply = serde_json::json!({
         "apiVersion": "etcdfleet.dev/v1alpha1",
@@ -324,16 +462,76 @@ async fn write_materialized(
     // Bookkeeping annotations by merge patch (null deletes the rebase request).
     let mut annotations = serde_json::Map::new();
     annotations.insert(MATERIALIZED_ANNOTATION.into(), recorded.to_string().into());
+    let recorded_now = recorded.clone();
     if rebase {
         annotations.insert(REBASE_ANNOTATION.into(), serde_json::Value::Null);
     }
     let merge = serde_json::json!({ "metadata": { "annotations": annotations } });
-    api.patch(
-        &cluster.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&merge),
-    )
-    .await
-    .map_err(Error::ManagementApi)?;
-    Ok(())
+    let written = api
+        .patch(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&merge),
+        )
+        .await
+        .map_err(Error::ManagementApi)?;
+    Ok((written.metadata.resource_version, recorded_now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rebase_that_strips_a_required_field_is_an_error_not_a_panic() {
+        // The template wrote a backup destination; clearing the values written
+        // last time leaves `destination` without its required `bucket`.
+        let mut cluster = EtcdCluster::new(
+            "c",
+            serde_json::from_value(serde_json::json!({
+                "clusterRef": { "name": "w" },
+                "version": "3.5.1",
+                "backup": { "destination": { "bucket": "b", "prefix": "mine" } }
+            }))
+            .unwrap(),
+        );
+        cluster.metadata.annotations = Some(
+            [(
+                MATERIALIZED_ANNOTATION.to_string(),
+                serde_json::json!({ "backup": { "destination": { "bucket": "b" } } }).to_string(),
+            )]
+            .into(),
+        );
+        let err = rebased_spec(&cluster).unwrap_err();
+        assert_eq!(err.reason(), "InvalidField");
+        assert!(err.to_string().contains("rebase"), "{err}");
+    }
+
+    #[test]
+    fn every_value_the_renderer_needs_is_a_controller_default_until_set() {
+        let spec: EtcdClusterSpec = serde_json::from_value(serde_json::json!({
+            "clusterRef": { "name": "w" },
+            "version": "3.5.1",
+            "replicas": 3,
+            "etcd": { "quotaBackendBytes": 1000000000 }
+        }))
+        .unwrap();
+        let resolved = resolve_own_spec(&spec).unwrap();
+        let d = controller_defaults(&spec, &resolved.spec);
+        assert_eq!(d.replicas, None, "set by the user");
+        assert!(d.image_repository.is_some() && d.workload_namespace.is_some());
+        assert!(d.storage.as_ref().and_then(|s| s.size.as_ref()).is_some());
+        assert_eq!(d.tls.and_then(|t| t.enabled), Some(true));
+        let tuning = d.etcd.unwrap();
+        assert_eq!(tuning.quota_backend_bytes, None, "set by the user");
+        assert!(tuning.heartbeat_interval_millis.is_some() && tuning.snapshot_count.is_some());
+        // Once they are all in the spec, there is nothing left to fill.
+        let mut full = spec.clone();
+        full.config =
+            merge_config(&spec.config, &controller_defaults(&spec, &resolved.spec)).unwrap();
+        assert_eq!(
+            controller_defaults(&full, &resolve_own_spec(&full).unwrap().spec),
+            EtcdConfig::default()
+        );
+    }
 }

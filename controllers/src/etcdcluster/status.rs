@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use etcdfleet_api::conditions::{
-    self, AVAILABLE, DEGRADED, PROGRESSING, REMOTE_REACHABLE, TEMPLATE_RESOLVED, VERSION_ACCEPTED,
+    self, AVAILABLE, CONFLICT, DEGRADED, PROGRESSING, REMOTE_REACHABLE, TEMPLATE_RESOLVED,
+    VERSION_ACCEPTED,
 };
 use etcdfleet_api::template::{Resolution, ResolveError};
 use etcdfleet_api::version::{VersionChange, VersionRejection};
@@ -19,7 +20,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
 use super::observe::Observed;
-use super::plan::{EtcdObservation, Step};
+use super::plan::{EtcdObservation, QUORUM_LOSS_HELP, Refusal, Step};
 use super::{Context, Error, Result, now};
 use crate::connector::ConnectError;
 use crate::etcd::{AlarmKind, ClusterHealth};
@@ -33,6 +34,10 @@ pub struct Report {
     old: EtcdClusterStatus,
     pub new: EtcdClusterStatus,
     blocked: Option<String>,
+    /// The EtcdCluster's resourceVersion this reconcile read (advanced by its
+    /// own writes): the status write is conditional on it, so a reconcile of
+    /// an older copy cannot overwrite newer status.
+    resource_version: Option<String>,
 }
 
 impl Report {
@@ -47,6 +52,46 @@ impl Report {
             old,
             new,
             blocked: None,
+            resource_version: cluster.meta().resource_version.clone(),
+        }
+    }
+
+    /// This reconcile wrote the EtcdCluster itself (finalizer,
+    /// materialization): its own write is not someone else's newer one.
+    pub fn advance_resource_version(&mut self, rv: Option<String>) {
+        if rv.is_some() {
+            self.resource_version = rv;
+        }
+    }
+
+    /// The resourceVersion the next conditional write of this reconcile carries.
+    pub fn resource_version(&self) -> Option<String> {
+        self.resource_version.clone()
+    }
+
+    /// Refuses to act: `Conflict=True`, nothing progresses.
+    pub fn refused(&mut self, refusal: &Refusal) {
+        self.set(CONFLICT, true, refusal.reason, refusal.message.clone());
+        self.set(
+            PROGRESSING,
+            false,
+            refusal.reason,
+            "nothing is written to the workload cluster or etcd until the conflict is resolved",
+        );
+        self.blocked = Some(refusal.message.clone());
+    }
+
+    /// No conflict stands in the way (clears an earlier `Conflict=True`).
+    pub fn no_conflict(&mut self) {
+        if self.new.conditions.iter().any(|c| c.type_ == CONFLICT) {
+            self.set(CONFLICT, false, "NoConflict", "no conflict");
+        }
+    }
+
+    /// Records the identity this resource manages (once; see `status.identity`).
+    pub fn record_identity(&mut self, identity: &etcdfleet_api::ManagedIdentity) {
+        if self.new.identity.is_none() {
+            self.new.identity = Some(identity.clone());
         }
     }
 
@@ -194,12 +239,22 @@ impl Report {
                 EtcdObservation::Observed(_) => String::new(),
             };
             self.new.ready_members = 0;
-            self.set(
-                AVAILABLE,
-                false,
-                "NoMemberAnswers",
-                format!("no etcd member answers: {why}"),
-            );
+            let known = self.old.members.iter().filter(|m| !m.learner).count();
+            if known > 0 {
+                self.set(
+                    AVAILABLE,
+                    false,
+                    "QuorumLost",
+                    format!("none of the {known} known voting members answers: {why}; {QUORUM_LOSS_HELP}"),
+                );
+            } else {
+                self.set(
+                    AVAILABLE,
+                    false,
+                    "NoMemberAnswers",
+                    format!("no etcd member answers: {why}"),
+                );
+            }
             self.set(
                 DEGRADED,
                 true,
@@ -303,7 +358,7 @@ impl Report {
                 false,
                 "QuorumLost",
                 format!(
-                    "only {} of {} voting members healthy; etcd cannot serve writes",
+                    "only {} of {} voting members healthy; etcd cannot serve writes; {QUORUM_LOSS_HELP}",
                     health.healthy_voter_count(),
                     health.voter_count()
                 ),
@@ -361,6 +416,14 @@ impl Report {
 
     pub fn acted(&mut self, step: &Step, error: Option<&Error>) {
         self.set(PROGRESSING, true, step.kind(), step.to_string());
+        // Failures of the same step in a row (the planner backs off on them).
+        let failures = match (error, &self.old.last_operation) {
+            (None, _) => None,
+            (Some(_), Some(prev)) if prev.type_ == step.kind() && prev.outcome == "Failed" => {
+                Some(prev.failures.unwrap_or(1).saturating_add(1))
+            }
+            (Some(_), _) => Some(1),
+        };
         self.new.last_operation = Some(OperationStatus {
             type_: step.kind().to_string(),
             target: None,
@@ -375,6 +438,7 @@ impl Report {
                 None => step.to_string(),
             }),
             time: Some(now()),
+            failures,
         });
     }
 
@@ -388,7 +452,12 @@ impl Report {
             return Ok(false);
         }
         let api: Api<EtcdCluster> = Api::namespaced(ctx.management.clone(), &self.namespace);
-        let patch = serde_json::json!({ "status": self.new });
+        let patch = match &self.resource_version {
+            Some(rv) => {
+                serde_json::json!({ "metadata": { "resourceVersion": rv }, "status": self.new })
+            }
+            None => serde_json::json!({ "status": self.new }),
+        };
         api.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(Error::ManagementApi)?;

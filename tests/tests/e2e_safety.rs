@@ -1,0 +1,654 @@
+//! End to end on real etcd: the controller is safe on a real fleet (issue
+//! 10). Each test sets up a state that today's fleets meet — two teams using
+//! one name, a spec edited under a running cluster, a lost Secret, a member
+//! the controller did not add, a quorum gone — and proves what the
+//! controller does and, above all, what it does not do.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::conditions::{self, AVAILABLE, CONFLICT};
+use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
+use etcdfleet_controllers::etcdcluster::Outcome;
+use etcdfleet_controllers::etcdcluster::plan::Step;
+use etcdfleet_tests::driver::{TestController, fast_settings};
+use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
+use etcdfleet_tests::fleet::{ApiOp, Fleet, MANAGEMENT};
+use etcdfleet_tests::scenario::{
+    NS, WORKLOAD_NS, cluster, converge_all, create, etcd_of, get, patch_spec, put, read_everywhere,
+    running, set_replicas,
+};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+
+/// Writes the controller made to workload clusters (not to the management API).
+fn workload_writes(fleet: &Fleet) -> Vec<ApiOp> {
+    fleet
+        .writes()
+        .into_iter()
+        .filter(|o| o.cluster != MANAGEMENT)
+        .collect()
+}
+
+fn conflict_of(c: &EtcdCluster) -> Option<(String, String, String)> {
+    let status = c.status.as_ref()?;
+    let cond = conditions::find(&status.conditions, CONFLICT)?;
+    Some((
+        cond.status.clone(),
+        cond.reason.clone(),
+        cond.message.clone(),
+    ))
+}
+
+/// Reconciles `name` repeatedly for `for_at_least` without letting the
+/// workload runtime restart anything, returning every outcome.
+async fn reconcile_for(
+    ctl: &TestController,
+    name: &str,
+    for_at_least: Duration,
+) -> Vec<Result<Outcome, String>> {
+    let until = Instant::now() + for_at_least;
+    let mut outcomes = Vec::new();
+    while Instant::now() < until {
+        outcomes.push(ctl.reconcile(NS, name).await.map_err(|e| e.to_string()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    outcomes
+}
+
+fn destructive(outcomes: &[Result<Outcome, String>]) -> Vec<Step> {
+    outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Ok(Outcome::Acted(step)) if step.is_destructive() => Some(step.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn same_name_in_two_namespaces_conflicts_and_never_overwrites_or_deletes_the_other()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd", "a", 1, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd", 1, "team-a-data").await?;
+
+    // team-b: same name, same workload cluster, its own kubeconfig Secret.
+    let secrets: Api<Secret> = Api::namespaced(fleet.management_direct(), NS);
+    let mut kubeconfig = secrets.get(&Fleet::kubeconfig_secret_name("a")).await?;
+    kubeconfig.metadata = kube::api::ObjectMeta {
+        name: kubeconfig.metadata.name.clone(),
+        namespace: Some("team-b".into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(fleet.management_direct(), "team-b")
+        .create(&PostParams::default(), &kubeconfig)
+        .await?;
+    let mut theirs = cluster("etcd", "a", 1, "3.5.1");
+    theirs.metadata.namespace = Some("team-b".into());
+    let team_b: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), "team-b");
+    team_b.create(&PostParams::default(), &theirs).await?;
+
+    let sts_before = Api::<StatefulSet>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+        .get("etcd-etcd")
+        .await?;
+    fleet.clear_ops();
+    for _ in 0..3 {
+        let outcome = ctl.reconcile("team-b", "etcd").await?;
+        assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+    }
+    assert!(
+        workload_writes(&fleet).is_empty(),
+        "team-b wrote into team-a's etcd: {:#?}",
+        workload_writes(&fleet)
+    );
+    let b = team_b.get("etcd").await?;
+    let (status, reason, message) = conflict_of(&b).context("no Conflict condition")?;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ObjectOwnedElsewhere")
+    );
+    assert!(
+        message.contains("StatefulSet/etcd-system/etcd-etcd (owned by team-a.etcd)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("Secret/etcd-system/etcd-etcd-server-tls (owned by team-a.etcd)"),
+        "{message}"
+    );
+
+    // Deleting team-b's cluster deletes nothing of team-a's.
+    let mut deleting = b.clone();
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    fleet.clear_ops();
+    let outcome =
+        etcdfleet_controllers::etcdcluster::reconcile_cluster(&deleting, &ctl.ctx).await?;
+    assert_eq!(outcome, Outcome::Deleted);
+    assert!(
+        workload_writes(&fleet).is_empty(),
+        "cleanup of team-b deleted: {:#?}",
+        workload_writes(&fleet)
+    );
+    let sts_after = Api::<StatefulSet>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+        .get("etcd-etcd")
+        .await?;
+    assert_eq!(sts_before.metadata.uid, sts_after.metadata.uid);
+    assert_eq!(
+        sts_before.metadata.resource_version,
+        sts_after.metadata.resource_version
+    );
+    // team-a is untouched and still converged with its data.
+    assert_eq!(ctl.reconcile(NS, "etcd").await?, Outcome::Converged);
+    read_everywhere(&fleet, "a", "etcd", 1, "team-a-data").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_moved_identity_is_refused_before_any_workload_call() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
+    let identity = get(&fleet, "etcd-a")
+        .await?
+        .status
+        .and_then(|s| s.identity)
+        .context("identity not recorded")?;
+    assert_eq!(identity.workload_namespace, WORKLOAD_NS);
+    assert!(identity.tls);
+    assert_eq!(identity.kubeconfig_secret, "a-kubeconfig/value");
+
+    // An API server without the CEL rules (CRDs of an older release) lets
+    // these edits through; the recorded identity does not.
+    for edit in [
+        serde_json::json!({ "workloadNamespace": "elsewhere" }),
+        serde_json::json!({ "tls": { "enabled": false } }),
+        serde_json::json!({ "clusterRef": { "name": "b" } }),
+    ] {
+        let before = get(&fleet, "etcd-a").await?.spec;
+        patch_spec(&fleet, "etcd-a", edit.clone()).await?;
+        fleet.clear_ops();
+        let outcome = ctl.reconcile(NS, "etcd-a").await?;
+        assert!(
+            matches!(outcome, Outcome::Blocked(_)),
+            "{edit}: {outcome:?}"
+        );
+        let touched: Vec<ApiOp> = fleet
+            .ops()
+            .into_iter()
+            .filter(|o| o.cluster != MANAGEMENT)
+            .collect();
+        assert!(touched.is_empty(), "{edit}: {touched:#?}");
+        let (status, reason, message) =
+            conflict_of(&get(&fleet, "etcd-a").await?).context("no Conflict condition")?;
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "IdentityChanged")
+        );
+        assert!(message.contains("Revert the spec"), "{message}");
+        // Put the spec back: the cluster is managed again.
+        let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+        let mut c = api.get("etcd-a").await?;
+        c.spec = before;
+        api.replace("etcd-a", &PostParams::default(), &c).await?;
+        assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+        let (status, _, _) = conflict_of(&get(&fleet, "etcd-a").await?).unwrap();
+        assert_eq!(status, "False");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn built_in_defaults_are_materialized_and_a_storage_change_is_refused() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let mut bare = cluster("etcd-a", "a", 1, "3.5.1");
+    bare.spec.config.etcd = None;
+    let (fleet, ctl) = running(&["a"], &[bare]).await?;
+    let spec = get(&fleet, "etcd-a").await?.spec.config;
+    assert_eq!(
+        spec.image_repository.as_deref(),
+        Some(etcdfleet_api::version::DEFAULT_IMAGE_REPOSITORY)
+    );
+    assert_eq!(spec.workload_namespace.as_deref(), Some(WORKLOAD_NS));
+    assert_eq!(
+        spec.storage
+            .as_ref()
+            .and_then(|s| s.size.as_ref())
+            .map(|q| q.0.as_str()),
+        Some(etcdfleet_api::template::DEFAULT_STORAGE_SIZE)
+    );
+    assert_eq!(spec.tls.as_ref().and_then(|t| t.enabled), Some(true));
+    let tuning = spec.etcd.context("tuning not materialized")?;
+    assert_eq!(
+        tuning.quota_backend_bytes,
+        Some(etcdfleet_api::template::DEFAULT_QUOTA_BACKEND_BYTES)
+    );
+    assert_eq!(
+        tuning.heartbeat_interval_millis,
+        Some(etcdfleet_api::template::DEFAULT_HEARTBEAT_INTERVAL_MILLIS)
+    );
+    assert!(tuning.election_timeout_millis.is_some());
+    assert!(tuning.snapshot_count.is_some());
+    assert!(tuning.auto_compaction_retention.is_some());
+
+    // Materialized once: a converged reconcile writes nothing.
+    fleet.clear_ops();
+    assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+    assert!(fleet.writes().is_empty(), "{:#?}", fleet.writes());
+
+    // A storage size change (past an API server without the CEL rules) is
+    // refused: the StatefulSet's claim templates cannot take it.
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({ "storage": { "size": "16Gi" } }),
+    )
+    .await?;
+    fleet.clear_ops();
+    let outcome = ctl.reconcile(NS, "etcd-a").await?;
+    assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+    assert!(
+        workload_writes(&fleet).is_empty(),
+        "{:#?}",
+        workload_writes(&fleet)
+    );
+    let (status, reason, message) =
+        conflict_of(&get(&fleet, "etcd-a").await?).context("no Conflict condition")?;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "StorageImmutable")
+    );
+    assert!(
+        message.contains("16Gi") && message.contains("8Gi"),
+        "{message}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scale_config_roll_and_replacement_lose_no_acknowledged_write() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    // Boxed: the reconcile futures are large in debug builds, and this test
+    // awaits many of them on the test thread's stack.
+    let (fleet, mut ctl) = Box::pin(running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")])).await?;
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Scale 3 → 5 → 3.
+    set_replicas(&fleet, "etcd-a", 5).await?;
+    Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
+    set_replicas(&fleet, "etcd-a", 3).await?;
+    Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
+
+    // A flag change (what the NOSPACE condition tells users to do) reaches
+    // every member: each is restarted from the new template, one at a time.
+    let quota: i64 = 3 << 30;
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({ "etcd": { "quotaBackendBytes": quota } }),
+    )
+    .await?;
+    let log = Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
+    let mut restarted: Vec<u32> = log
+        .steps
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Step::RestartMember { ordinal, .. } => Some(*ordinal),
+            _ => None,
+        })
+        .collect();
+    restarted.sort();
+    assert_eq!(restarted, vec![0, 1, 2], "{:?}", log.steps);
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    for o in 0..3 {
+        let pod = pods.get(&format!("etcd-a-etcd-{o}")).await?;
+        let args = pod.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            args.iter()
+                .any(|a| a == &format!("--quota-backend-bytes={quota}")),
+            "pod {o} runs without the new quota: {args:?}"
+        );
+    }
+
+    // An admission webhook rewrites the pods' images (a registry mirror): no
+    // restart loop, the pods come from the current template.
+    for o in 0..3 {
+        let patch = serde_json::json!({ "spec": { "containers": [
+            { "name": "etcd", "image": "mirror.example/etcd:v3.5.1" }
+        ] } });
+        pods.patch(
+            &format!("etcd-a-etcd-{o}"),
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await?;
+    }
+    assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+
+    // A wiped member is replaced.
+    fleet
+        .runtime("a")
+        .wipe_pvc(WORKLOAD_NS, "data-etcd-a-etcd-2")
+        .await?;
+    Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
+
+    let report = writer.stop().await?;
+    let checked = verify_acknowledged(&report, &endpoints, &config, "acked").await?;
+    eprintln!(
+        "acknowledged writes verified through scale, roll and replacement: {checked} (failed: {})",
+        report.failed
+    );
+    assert!(checked > 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_member_list_is_linearizable_and_names_the_member_that_answered() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, _ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let member = MemberClient::connect(&endpoints[2], &config).await?;
+    let own_id = member.status().await?.member_id;
+    let (answered_by, members) = member.fresh_members().await?;
+    assert_eq!(answered_by, own_id);
+    assert_eq!(members.len(), 3);
+
+    // Members 0 and 1 down: member 2 alone still answers the plain (local)
+    // member list, but can no longer prove its membership is current.
+    for o in 0..2 {
+        fleet
+            .runtime("a")
+            .kill_pod_process(WORKLOAD_NS, &format!("etcd-a-etcd-{o}"))
+            .await?;
+    }
+    let stale = ClusterClient::connect(std::slice::from_ref(&endpoints[2]), &config)
+        .await?
+        .list_members()
+        .await;
+    assert!(stale.is_ok(), "the local member list answers: {stale:?}");
+    let fresh = member.fresh_members().await;
+    assert!(fresh.is_err(), "no quorum, yet a fresh list: {fresh:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_copy_cannot_overwrite_newer_status() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
+    let old = get(&fleet, "etcd-a").await?;
+    // Someone else writes newer status; then a reconcile of the old copy
+    // would change the status too (its only member is down, so it differs).
+    fleet
+        .runtime("a")
+        .kill_pod_process(WORKLOAD_NS, "etcd-a-etcd-0")
+        .await?;
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    api.patch_status(
+        "etcd-a",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": { "selector": "newer" } })),
+    )
+    .await?;
+    let result = etcdfleet_controllers::etcdcluster::reconcile_cluster(&old, &ctl.ctx).await;
+    assert!(
+        result.is_err(),
+        "the stale reconcile's status write must be refused: {result:?}"
+    );
+    let now = get(&fleet, "etcd-a").await?;
+    assert_eq!(
+        now.status.unwrap().selector.as_deref(),
+        Some("newer"),
+        "a reconcile of a stale copy overwrote newer status ({result:?})"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_foreign_member_is_reported_and_never_removed() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let etcd = ClusterClient::connect(&endpoints, &config).await?;
+    // Added by a person (or another tool): a learner at a peer URL that is
+    // not this cluster's; it never starts.
+    // etcd refuses member changes for a few seconds after a member starts
+    // (strict reconfiguration check): retry like a person would.
+    let started = Instant::now();
+    let added = loop {
+        match etcd
+            .add_learner(&["https://10.255.0.9:2380".to_string()])
+            .await
+        {
+            Ok(a) => break a,
+            Err(e) if started.elapsed() < Duration::from_secs(40) => {
+                eprintln!("member add refused, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    fleet.sync_all().await?;
+    let outcomes = reconcile_for(&ctl, "etcd-a", fast_settings().member_failure_grace * 2).await;
+    assert!(destructive(&outcomes).is_empty(), "{outcomes:?}");
+    let last = outcomes.last().unwrap();
+    match last {
+        Ok(Outcome::Waiting(why)) => assert!(why.contains("by hand"), "{why}"),
+        other => panic!("expected a wait naming the foreign member, got {other:?}"),
+    }
+    let members = etcd.list_members().await?;
+    assert!(members.iter().any(|m| m.id == added.id), "{members:?}");
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    assert!(
+        status
+            .members
+            .iter()
+            .any(|m| m.id.as_deref() == Some(&format!("{:x}", added.id))),
+        "the foreign member is reported: {:#?}",
+        status.members
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scale_down_is_refused_while_a_member_is_unhealthy() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, mut ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    fleet
+        .runtime("a")
+        .kill_pod_process(WORKLOAD_NS, "etcd-a-etcd-0")
+        .await?;
+    set_replicas(&fleet, "etcd-a", 1).await?;
+    // No sync: the member stays down.
+    let outcomes = reconcile_for(&ctl, "etcd-a", Duration::from_secs(3)).await;
+    assert!(destructive(&outcomes).is_empty(), "{outcomes:?}");
+    assert!(
+        outcomes.iter().any(
+            |o| matches!(o, Ok(Outcome::Waiting(w)) if w.contains("scale-down to 1 members waits"))
+        ),
+        "{outcomes:?}"
+    );
+    // Once it is back, the scale-down goes ahead.
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    assert_eq!(get(&fleet, "etcd-a").await?.status.unwrap().replicas, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_cluster_writes_nothing_but_its_status() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let ctl = etcdfleet_tests::scenario::controller(&fleet);
+    let mut paused = cluster("etcd-a", "a", 1, "3.5.1");
+    paused.spec.paused = Some(true);
+    paused
+        .annotations_mut()
+        .insert("etcdfleet.dev/rebase-template".into(), "true".into());
+    create(&fleet, &paused).await?;
+    fleet.clear_ops();
+    for _ in 0..3 {
+        let outcome = ctl.reconcile(NS, "etcd-a").await?;
+        assert!(matches!(outcome, Outcome::Paused(_)), "{outcome:?}");
+    }
+    let writes: Vec<ApiOp> = fleet
+        .writes()
+        .into_iter()
+        .filter(|o| o.verb != "patch_status")
+        .collect();
+    assert!(writes.is_empty(), "paused, yet wrote: {writes:#?}");
+    let c = get(&fleet, "etcd-a").await?;
+    assert!(c.metadata.finalizers.unwrap_or_default().is_empty());
+    assert!(
+        c.spec.config.workload_namespace.is_none(),
+        "materialized while paused"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nospace_from_live_data_backs_off_instead_of_defragmenting_every_five_seconds() -> Result<()>
+{
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = etcdfleet_tests::scenario::controller(&fleet);
+    let mut small = cluster("etcd-a", "a", 1, "3.5.1");
+    small.spec.config.etcd.as_mut().unwrap().quota_backend_bytes = Some(4 << 20);
+    create(&fleet, &small).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    // Distinct keys: the space is live data, which compaction cannot free.
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 1).await?;
+    let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
+    let value = vec![b'x'; 256 * 1024];
+    let mut full = false;
+    for i in 0..200 {
+        match kv.put(format!("live/{i}"), value.clone(), None).await {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("space exceeded") => {
+                full = true;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    assert!(full, "etcd never raised NOSPACE");
+    fleet.sync_all().await?;
+    let outcomes = reconcile_for(&ctl, "etcd-a", Duration::from_secs(8)).await;
+    let attempts = outcomes
+        .iter()
+        .filter(|o| match o {
+            Ok(Outcome::Acted(Step::RecoverFromNoSpace)) => true,
+            Err(e) => e.contains("NOSPACE persists"),
+            _ => false,
+        })
+        .count();
+    eprintln!(
+        "{} reconciles in 8 s, {attempts} recovery attempts",
+        outcomes.len()
+    );
+    assert!(outcomes.len() >= 10, "{outcomes:?}");
+    // Two attempts (the second right after the first), then a 5 s wait.
+    assert!(
+        (1..=3).contains(&attempts),
+        "{attempts} attempts: {outcomes:?}"
+    );
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    let op = status.last_operation.context("no last operation")?;
+    assert_eq!(op.outcome, "Failed");
+    assert!(op.failures.unwrap_or(0) >= 2, "{op:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_pki_secret_is_refused_and_never_rekeyed() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd-a", 1, "before").await?;
+    let secrets: Api<Secret> = Api::namespaced(fleet.management_direct(), NS);
+    secrets
+        .delete("etcd-a-etcd-pki", &DeleteParams::default())
+        .await?;
+    let workload_secrets: Api<Secret> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let server_before = workload_secrets.get("etcd-a-etcd-server-tls").await?;
+    fleet.clear_ops();
+    for _ in 0..3 {
+        let outcome = ctl.reconcile(NS, "etcd-a").await?;
+        assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+    }
+    let writes: Vec<ApiOp> = fleet
+        .writes()
+        .into_iter()
+        .filter(|o| o.verb != "patch_status")
+        .collect();
+    assert!(writes.is_empty(), "re-keyed: {writes:#?}");
+    assert!(secrets.get_opt("etcd-a-etcd-pki").await?.is_none());
+    let server_after = workload_secrets.get("etcd-a-etcd-server-tls").await?;
+    assert_eq!(server_before.data, server_after.data);
+    let (status, reason, message) =
+        conflict_of(&get(&fleet, "etcd-a").await?).context("no Conflict condition")?;
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "PkiLost"));
+    assert!(message.contains("etcd-a-etcd-pki"), "{message}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quorum_loss_is_reported_with_recovery_steps_and_nothing_destructive() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    for o in 0..2 {
+        fleet
+            .runtime("a")
+            .kill_pod_process(WORKLOAD_NS, &format!("etcd-a-etcd-{o}"))
+            .await?;
+    }
+    // Well past the failure grace, with the members kept down.
+    let outcomes = reconcile_for(&ctl, "etcd-a", fast_settings().member_failure_grace * 2).await;
+    assert!(destructive(&outcomes).is_empty(), "{outcomes:?}");
+    assert!(
+        !outcomes.iter().any(|o| matches!(o, Ok(Outcome::Acted(_)))),
+        "acted without quorum: {outcomes:?}"
+    );
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    let available = conditions::find(&status.conditions, AVAILABLE).unwrap();
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_str()),
+        ("False", "QuorumLost"),
+        "{available:?}"
+    );
+    assert!(
+        available.message.contains("snapshot") && available.message.contains("restore"),
+        "{}",
+        available.message
+    );
+    Ok(())
+}
