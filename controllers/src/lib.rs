@@ -10,3 +10,4 @@ pub mod leader;
 pub mod metrics;
 pub mod pki;
 pub mod render;
+pub mod runner;
