@@ -1,3 +1,4 @@
+pub mod apiserver;
 pub mod demo;
 pub mod driver;
 pub mod etcd_harness;
