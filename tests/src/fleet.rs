@@ -106,7 +106,7 @@ impl ApiOp {
         })
     }
 
-    fn from_request(
+    pub(crate) fn from_request(
         cluster: &str,
         parts: &http::request::Parts,
         body: &[u8],
@@ -213,7 +213,7 @@ pub struct OpRecorder {
 }
 
 impl OpRecorder {
-    fn push(&self, op: ApiOp) {
+    pub(crate) fn push(&self, op: ApiOp) {
         self.ops.lock().expect("lock").push(op);
     }
 
@@ -382,7 +382,7 @@ fn random_hex() -> String {
     format!("{:016x}", h.finish())
 }
 
-fn base64(bytes: &[u8]) -> String {
+pub(crate) fn base64(bytes: &[u8]) -> String {
     // k8s-openapi's ByteString serializes as base64: no extra crate needed.
     match serde_json::to_value(ByteString(bytes.to_vec())) {
         Ok(Value::String(s)) => s,

@@ -1,3 +1,4 @@
+pub mod apiserver;
 pub mod controller_process;
 pub mod demo;
 pub mod driver;
