@@ -174,19 +174,23 @@ fn arm_watchdog(grace: Duration) {
 /// Lists EtcdClusters once in every watched scope (limit 1) until one round
 /// succeeds: proves the API server is reachable, the CRD installed and the
 /// RBAC sufficient, and names the server when it is not.
-async fn reach_api_server(apis: &[Api<EtcdCluster>], server: &str, shutdown: &Shutdown) -> bool {
+async fn reach_api_server(
+    apis: &[Api<EtcdCluster>],
+    selector: Option<&str>,
+    server: &str,
+    shutdown: &Shutdown,
+) -> bool {
+    let mut params = ListParams::default().limit(1);
+    if let Some(selector) = selector {
+        params = params.labels(selector);
+    }
     let mut backoff = Duration::from_millis(500);
     let mut attempt = 0u32;
     loop {
         attempt += 1;
         let round = async {
             for api in apis {
-                match tokio::time::timeout(
-                    PROBE_TIMEOUT,
-                    api.list_metadata(&ListParams::default().limit(1)),
-                )
-                .await
-                {
+                match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&params)).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
                         return Err(format!(
@@ -286,9 +290,13 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
             .map(|ns| Api::namespaced(client.clone(), ns))
             .collect()
     };
-    if !reach_api_server(&apis, &server, &shutdown).await {
+    if !reach_api_server(&apis, config.label_selector.as_deref(), &server, &shutdown).await {
         return stopped("before the API server was reached");
     }
+    // That was the first list of this controller's EtcdClusters, in every
+    // watched scope, with its identity: the API, the CRD and the RBAC work.
+    health.set_listed();
+    info!("first list of EtcdClusters succeeded; ready");
 
     // Leader election: a standby waits here (ready while it reads the Lease).
     let elector = config.leader_election.enabled.then(|| {
@@ -370,13 +378,11 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
     let controller_config = controller::Config::default()
         .concurrency(config.max_concurrent_reconciles)
         .debounce(Duration::from_millis(config.debounce_milliseconds));
-    let mut stores = Vec::new();
     let mut loops = tokio::task::JoinSet::new();
     for api in apis {
         let controller = Controller::new(api, watch_config.clone())
             .with_config(controller_config.clone())
             .graceful_shutdown_on(shutdown.wait());
-        stores.push(controller.store());
         let server = server.clone();
         loops.spawn(
             controller
@@ -391,17 +397,6 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
                 }),
         );
     }
-    tokio::spawn({
-        let health = health.clone();
-        async move {
-            let waits = stores.iter().map(|s| s.wait_until_ready());
-            if futures::future::try_join_all(waits).await.is_ok() {
-                let clusters: usize = stores.iter().map(|s| s.state().len()).sum();
-                health.set_listed();
-                info!(clusters, "first list of EtcdClusters done; ready");
-            }
-        }
-    });
     info!("controller running");
 
     // The loops end only on shutdown; one ending earlier is a dead controller.

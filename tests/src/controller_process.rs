@@ -87,7 +87,8 @@ pub fn kubeconfig(server: &str, token: &str, ca_pem: Option<&str>) -> String {
     )
 }
 
-fn base64_encode(data: &[u8]) -> String {
+/// Standard base64 with padding (kubeconfig and Secret data).
+pub fn base64_encode(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in data.chunks(3) {

@@ -85,6 +85,9 @@ pub struct ApiOp {
     pub body: Option<Value>,
     /// Refused by an injected outage (never reached the fake API).
     pub rejected: bool,
+    /// The request's bearer token, if any: tells apart processes that share
+    /// one identity (replicas of the controller).
+    pub token: Option<String>,
 }
 
 impl ApiOp {
@@ -189,6 +192,12 @@ impl ApiOp {
                     .unwrap_or_else(|_| json!(String::from_utf8_lossy(body)))
             }),
             rejected,
+            token: parts
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_string),
         }
     }
 }
