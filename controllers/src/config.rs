@@ -75,8 +75,15 @@ pub struct LeaderElectionConfig {
     pub lease_name: String,
     /// Namespace of the Lease; the controller's own namespace.
     pub lease_namespace: String,
-    /// How long a lease is valid without renewal; renewed every third of it.
+    /// How long a lease is valid without renewal.
     pub lease_duration_seconds: u64,
+    /// How often the holder renews (and a standby retries); default a third
+    /// of the lease duration.
+    pub renew_interval_seconds: Option<u64>,
+    /// How long the holder keeps leading without a successful renewal before
+    /// it stops; default two thirds of the lease duration. Shorter than the
+    /// lease, so the holder has stopped before another replica may take over.
+    pub renew_deadline_seconds: Option<u64>,
 }
 
 impl Default for LeaderElectionConfig {
@@ -86,6 +93,8 @@ impl Default for LeaderElectionConfig {
             lease_name: "etcdfleet-controller".into(),
             lease_namespace: "etcdfleet-system".into(),
             lease_duration_seconds: 15,
+            renew_interval_seconds: None,
+            renew_deadline_seconds: None,
         }
     }
 }
@@ -93,6 +102,18 @@ impl Default for LeaderElectionConfig {
 impl LeaderElectionConfig {
     pub fn lease_duration(&self) -> Duration {
         Duration::from_secs(self.lease_duration_seconds)
+    }
+
+    /// How often the holder renews and a standby retries.
+    pub fn renew_interval(&self) -> Duration {
+        self.renew_interval_seconds
+            .map_or(self.lease_duration() / 3, Duration::from_secs)
+    }
+
+    /// How long the holder leads on without a successful renewal.
+    pub fn renew_deadline(&self) -> Duration {
+        self.renew_deadline_seconds
+            .map_or(self.lease_duration() * 2 / 3, Duration::from_secs)
     }
 }
 
@@ -116,11 +137,16 @@ pub struct ControllerConfig {
     /// server, the default) or `direct` (the management network routes to
     /// workload pods).
     pub dialer: crate::dialer::DialerKind,
-    /// Clusters reconciled at the same time (bounds start-up and failover
-    /// bursts).
-    pub concurrency: u16,
-    /// Events on one cluster closer together than this fold into one reconcile.
-    pub debounce_millis: u64,
+    /// At most this many EtcdClusters are reconciled at once (per watched
+    /// namespace), so a start or a failover does not reconcile the whole
+    /// fleet at the same instant.
+    pub max_concurrent_reconciles: u16,
+    /// Triggers for one cluster arriving within this window cause one
+    /// reconcile, not several.
+    pub debounce_milliseconds: u64,
+    /// After SIGTERM, how long in-flight reconciles may finish before the
+    /// process exits anyway.
+    pub shutdown_grace_seconds: u64,
     /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
     #[serde(skip)]
     selector: LabelSelector,
@@ -140,8 +166,9 @@ impl Default for ControllerConfig {
             log_format: LogFormat::Text,
             tracing: Default::default(),
             dialer: crate::dialer::DialerKind::default(),
-            concurrency: 16,
-            debounce_millis: 200,
+            max_concurrent_reconciles: 16,
+            debounce_milliseconds: 200,
+            shutdown_grace_seconds: 10,
             selector: LabelSelector::default(),
         }
     }
@@ -157,13 +184,43 @@ pub struct Overrides {
     pub requeue_converged_seconds: Option<u64>,
     pub leader_election: Option<bool>,
     pub lease_namespace: Option<String>,
+    pub lease_name: Option<String>,
+    pub lease_duration_seconds: Option<u64>,
+    pub renew_interval_seconds: Option<u64>,
+    pub renew_deadline_seconds: Option<u64>,
     pub metrics_address: Option<String>,
     pub log_format: Option<LogFormat>,
+    pub max_concurrent_reconciles: Option<u16>,
+    pub debounce_milliseconds: Option<u64>,
+    pub shutdown_grace_seconds: Option<u64>,
+    pub dialer: Option<crate::dialer::DialerKind>,
+    pub otlp_endpoint: Option<String>,
 }
 
 impl ControllerConfig {
-    /// Parses and validates a YAML document (`source` names it in errors).
+    /// Parses and validates a YAML document (`source` names it in errors):
+    /// the configuration itself, or a ConfigMap manifest carrying it under
+    /// `data."config.yaml"` (as kustomize generates it from the plain file),
+    /// so either form of the shipped file works with `run --config`.
     pub fn from_yaml(yaml: &str, source: &str) -> Result<Self, ConfigError> {
+        let parse_error = |source_err| ConfigError::Parse {
+            path: source.to_string(),
+            source: source_err,
+        };
+        let doc: serde_yaml::Value = serde_yaml::from_str(yaml).map_err(parse_error)?;
+        if doc.get("kind").and_then(|k| k.as_str()) == Some("ConfigMap") {
+            let Some(inner) = doc
+                .get("data")
+                .and_then(|d| d.get("config.yaml"))
+                .and_then(|c| c.as_str())
+            else {
+                return Err(invalid(
+                    "data.config.yaml",
+                    format!("{source} is a ConfigMap without a config.yaml entry"),
+                ));
+            };
+            return Self::from_yaml(inner, &format!("{source} (data.config.yaml)"));
+        }
         // An empty file is the default configuration.
         let config: ControllerConfig = if yaml.trim().is_empty() {
             ControllerConfig::default()
@@ -214,11 +271,38 @@ impl ControllerConfig {
         if let Some(v) = o.lease_namespace {
             self.leader_election.lease_namespace = v;
         }
+        if let Some(v) = o.lease_name {
+            self.leader_election.lease_name = v;
+        }
+        if let Some(v) = o.lease_duration_seconds {
+            self.leader_election.lease_duration_seconds = v;
+        }
+        if let Some(v) = o.renew_interval_seconds {
+            self.leader_election.renew_interval_seconds = Some(v);
+        }
+        if let Some(v) = o.renew_deadline_seconds {
+            self.leader_election.renew_deadline_seconds = Some(v);
+        }
         if let Some(v) = o.metrics_address {
             self.metrics_address = v;
         }
         if let Some(v) = o.log_format {
             self.log_format = v;
+        }
+        if let Some(v) = o.max_concurrent_reconciles {
+            self.max_concurrent_reconciles = v;
+        }
+        if let Some(v) = o.debounce_milliseconds {
+            self.debounce_milliseconds = v;
+        }
+        if let Some(v) = o.shutdown_grace_seconds {
+            self.shutdown_grace_seconds = v;
+        }
+        if let Some(v) = o.dialer {
+            self.dialer = v;
+        }
+        if let Some(v) = o.otlp_endpoint {
+            self.tracing.otlp_endpoint = Some(v);
         }
         self
     }
@@ -231,12 +315,16 @@ impl ControllerConfig {
                 self.member_failure_grace_seconds,
             ),
             ("deletionTimeoutSeconds", self.deletion_timeout_seconds),
-            ("concurrency", u64::from(self.concurrency)),
             ("requeueConvergedSeconds", self.requeue_converged_seconds),
             (
                 "leaderElection.leaseDurationSeconds",
                 self.leader_election.lease_duration_seconds,
             ),
+            (
+                "maxConcurrentReconciles",
+                u64::from(self.max_concurrent_reconciles),
+            ),
+            ("shutdownGraceSeconds", self.shutdown_grace_seconds),
         ] {
             if value == 0 {
                 return Err(invalid(field, "must be greater than zero"));
@@ -248,6 +336,35 @@ impl ControllerConfig {
                 return Err(invalid(
                     "leaderElection.leaseDurationSeconds",
                     "must be at least 3 (the lease is renewed every third of it)",
+                ));
+            }
+            let le = &self.leader_election;
+            // The holder must stop leading before its lease can expire for
+            // the others, and renew more than once before it gives up.
+            if le.renew_interval().is_zero() {
+                return Err(invalid(
+                    "leaderElection.renewIntervalSeconds",
+                    "must be greater than zero",
+                ));
+            }
+            if le.renew_deadline() >= le.lease_duration() {
+                return Err(invalid(
+                    "leaderElection.renewDeadlineSeconds",
+                    format!(
+                        "{}s must be shorter than leaseDurationSeconds ({}s)",
+                        le.renew_deadline().as_secs(),
+                        le.lease_duration_seconds
+                    ),
+                ));
+            }
+            if le.renew_interval() >= le.renew_deadline() {
+                return Err(invalid(
+                    "leaderElection.renewIntervalSeconds",
+                    format!(
+                        "{}s must be shorter than renewDeadlineSeconds ({}s)",
+                        le.renew_interval().as_secs(),
+                        le.renew_deadline().as_secs()
+                    ),
                 ));
             }
             if !is_dns_subdomain(&self.leader_election.lease_name) {
@@ -611,6 +728,64 @@ logFormat: json
     }
 
     #[test]
+    fn a_configmap_manifest_is_read_through_its_config_entry() {
+        let manifest = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: etcdfleet-config}
+data:
+  config.yaml: |
+    namespaces: [team-a]
+    maxConcurrentReconciles: 4
+"#;
+        let c = ControllerConfig::from_yaml(manifest, "cm.yaml").unwrap();
+        assert_eq!(c.namespaces, vec!["team-a"]);
+        assert_eq!(c.max_concurrent_reconciles, 4);
+        let err = ControllerConfig::from_yaml("kind: ConfigMap\ndata: {other: x}\n", "cm.yaml")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("data.config.yaml"), "{err}");
+        let err = ControllerConfig::from_yaml(
+            "kind: ConfigMap\ndata:\n  config.yaml: 'namespacs: []'\n",
+            "cm.yaml",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("namespacs"), "{err}");
+    }
+
+    #[test]
+    fn renew_timings_must_fit_inside_the_lease() {
+        let ok = ControllerConfig::from_yaml(
+            "leaderElection: {enabled: true, leaseDurationSeconds: 3}",
+            "c.yaml",
+        )
+        .unwrap();
+        assert_eq!(ok.leader_election.renew_interval(), Duration::from_secs(1));
+        assert_eq!(ok.leader_election.renew_deadline(), Duration::from_secs(2));
+        for (yaml, field) in [
+            (
+                "leaderElection: {enabled: true, leaseDurationSeconds: 10, renewDeadlineSeconds: 10}",
+                "leaderElection.renewDeadlineSeconds",
+            ),
+            (
+                "leaderElection: {enabled: true, leaseDurationSeconds: 10, renewIntervalSeconds: 7}",
+                "leaderElection.renewIntervalSeconds",
+            ),
+            (
+                "leaderElection: {enabled: true, renewIntervalSeconds: 0}",
+                "leaderElection.renewIntervalSeconds",
+            ),
+            ("maxConcurrentReconciles: 0", "maxConcurrentReconciles"),
+            ("shutdownGraceSeconds: 0", "shutdownGraceSeconds"),
+        ] {
+            let err = ControllerConfig::from_yaml(yaml, "c.yaml").unwrap_err();
+            assert!(
+                err.to_string().starts_with(field),
+                "{yaml}: {err} should name {field}"
+            );
+        }
+    }
+
+    #[test]
     fn unknown_fields_are_rejected() {
         let err = ControllerConfig::from_yaml("labelSelectr: a=b\n", "c.yaml").unwrap_err();
         assert!(err.to_string().contains("labelSelectr"), "{err}");
@@ -673,6 +848,13 @@ logFormat: json
                 leader_election: Some(true),
                 log_format: Some(LogFormat::Json),
                 metrics_address: Some("127.0.0.1:1".into()),
+                lease_name: Some("etcdfleet-b".into()),
+                lease_duration_seconds: Some(9),
+                renew_interval_seconds: Some(2),
+                renew_deadline_seconds: Some(6),
+                max_concurrent_reconciles: Some(3),
+                debounce_milliseconds: Some(0),
+                shutdown_grace_seconds: Some(4),
                 ..Overrides::default()
             })
             .validate()
@@ -681,6 +863,13 @@ logFormat: json
         assert_eq!(c.label_selector.as_deref(), Some("stage=prod"));
         assert!(c.leader_election.enabled);
         assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.leader_election.lease_name, "etcdfleet-b");
+        assert_eq!(c.leader_election.lease_duration(), Duration::from_secs(9));
+        assert_eq!(c.leader_election.renew_interval(), Duration::from_secs(2));
+        assert_eq!(c.leader_election.renew_deadline(), Duration::from_secs(6));
+        assert_eq!(c.max_concurrent_reconciles, 3);
+        assert_eq!(c.debounce_milliseconds, 0);
+        assert_eq!(c.shutdown_grace_seconds, 4);
         assert!(c.owns(&cluster("b", &[("stage", "prod")])));
         assert!(!c.owns(&cluster("b", &[("stage", "dev")])));
     }

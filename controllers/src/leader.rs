@@ -2,18 +2,18 @@
 //! several controller replicas exactly one reconciles.
 //!
 //! A candidate takes the Lease when it is free or expired, and the holder
-//! renews it every third of the lease duration. Expiry is judged the way
-//! client-go judges it: by the local time at which this replica last saw the
+//! renews it every renew interval (a third of the lease duration by default).
+//! Expiry is judged the way client-go judges it: by the local time at which this replica last saw the
 //! Lease *change*, never by comparing another replica's clock with ours.
 //! Every write carries the resourceVersion it read, so two candidates racing
 //! for an expired Lease cannot both win.
 //!
 //! The holder gives up leading when another identity holds the Lease, or when
-//! no renewal succeeded for two thirds of the duration (the renew deadline):
-//! it then stops reconciling and exits, well before any other replica may
+//! no renewal succeeded within the renew deadline (two thirds of the duration
+//! by default): it then stops reconciling and exits, well before any other replica may
 //! consider the Lease expired. Kubernetes restarts it as a candidate.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -63,8 +63,15 @@ pub struct LeaderElector {
     name: String,
     identity: String,
     duration: Duration,
+    renew_interval: Duration,
+    renew_deadline: Duration,
     seen: Mutex<Option<Seen>>,
+    observer: Option<AttemptObserver>,
 }
+
+/// Told the result of every attempt (`true`: the API answered, whoever
+/// holds the Lease), e.g. for readiness.
+pub type AttemptObserver = Arc<dyn Fn(bool) + Send + Sync>;
 
 fn now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
@@ -77,8 +84,27 @@ impl LeaderElector {
             name: config.lease_name.clone(),
             identity,
             duration: config.lease_duration(),
+            renew_interval: config.renew_interval(),
+            renew_deadline: config.renew_deadline(),
             seen: Mutex::new(None),
+            observer: None,
         }
+    }
+
+    /// Reports the outcome of every attempt to `observer`.
+    pub fn with_observer(mut self, observer: AttemptObserver) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The Lease's name.
+    pub fn lease_name(&self) -> &str {
+        &self.name
+    }
+
+    /// How long the Lease is valid without renewal.
+    pub fn lease_duration(&self) -> Duration {
+        self.duration
     }
 
     /// `POD_NAME` in a Deployment; otherwise the host name and process id.
@@ -93,14 +119,14 @@ impl LeaderElector {
         &self.identity
     }
 
-    /// How often the holder renews.
+    /// How often the holder renews (and a candidate retries).
     pub fn renew_interval(&self) -> Duration {
-        self.duration / 3
+        self.renew_interval
     }
 
     /// How long the holder keeps leading without a successful renewal.
     pub fn renew_deadline(&self) -> Duration {
-        self.duration * 2 / 3
+        self.renew_deadline
     }
 
     fn spec_for_us(&self, previous: Option<&LeaseSpec>) -> LeaseSpec {
@@ -221,11 +247,16 @@ impl LeaderElector {
 
     async fn attempt_with_timeout(&self) -> Result<Attempt, String> {
         // A hung call must not outlive the renew interval.
-        match tokio::time::timeout(self.renew_interval(), self.try_acquire_or_renew()).await {
-            Ok(Ok(a)) => Ok(a),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("lease request timed out".to_string()),
+        let result =
+            match tokio::time::timeout(self.renew_interval(), self.try_acquire_or_renew()).await {
+                Ok(Ok(a)) => Ok(a),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("lease request timed out".to_string()),
+            };
+        if let Some(observer) = &self.observer {
+            observer(result.is_ok());
         }
+        result
     }
 
     /// Renews the held Lease until leadership is lost; returns why.

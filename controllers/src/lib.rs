@@ -11,4 +11,5 @@ pub mod leader;
 pub mod metrics;
 pub mod pki;
 pub mod render;
+pub mod runner;
 pub mod telemetry;

@@ -303,3 +303,116 @@ fn plan_help_documents_the_exit_codes() {
         assert!(stdout.contains(code), "{code:?} not in {stdout}");
     }
 }
+/// (on its own line, or on the next, deeper-indented line).
+fn options_without_description(help: &str) -> Vec<String> {
+    let lines: Vec<&str> = help.lines().collect();
+    let mut missing = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        if !trimmed.starts_with('-') {
+            continue;
+        }
+        // clap separates the flag from its description by two or more spaces.
+        let same_line = trimmed
+            .split_once("  ")
+            .is_some_and(|(_, d)| !d.trim().is_empty());
+        let indent = line.len() - trimmed.len();
+        let next_line = lines.get(i + 1).is_some_and(|n| {
+            let t = n.trim_start();
+            !t.is_empty() && !t.starts_with('-') && n.len() - t.len() > indent
+        });
+        if !same_line && !next_line {
+            missing.push(trimmed.to_string());
+        }
+    }
+    missing
+}
+
+#[test]
+fn every_flag_of_every_subcommand_has_a_description() {
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["render", "--help"],
+        &["plan", "--help"],
+    ] {
+        let out = etcdfleet(args);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(stdout.contains("--help"), "{args:?}: {stdout}");
+        let missing = options_without_description(&stdout);
+        assert!(
+            missing.is_empty(),
+            "{args:?}: flags without a description: {missing:?}\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn every_config_file_field_has_a_run_flag() {
+    // Field path in the config file -> the `run` flag that overrides it.
+    let flags = [
+        ("namespaces", "--namespace"),
+        ("labelSelector", "--label-selector"),
+        (
+            "memberFailureGraceSeconds",
+            "--member-failure-grace-seconds",
+        ),
+        ("deletionTimeoutSeconds", "--deletion-timeout-seconds"),
+        ("requeueConvergedSeconds", "--requeue-converged-seconds"),
+        ("leaderElection.enabled", "--leader-elect"),
+        ("leaderElection.leaseName", "--lease-name"),
+        ("leaderElection.leaseNamespace", "--lease-namespace"),
+        (
+            "leaderElection.leaseDurationSeconds",
+            "--lease-duration-seconds",
+        ),
+        (
+            "leaderElection.renewIntervalSeconds",
+            "--lease-renew-interval-seconds",
+        ),
+        (
+            "leaderElection.renewDeadlineSeconds",
+            "--lease-renew-deadline-seconds",
+        ),
+        ("metricsAddress", "--metrics-address"),
+        ("logFormat", "--log-format"),
+        ("maxConcurrentReconciles", "--max-concurrent-reconciles"),
+        ("debounceMilliseconds", "--debounce-milliseconds"),
+        ("shutdownGraceSeconds", "--shutdown-grace-seconds"),
+        ("dialer", "--dialer"),
+        ("tracing.otlpEndpoint", "--otlp-endpoint"),
+    ];
+    // Every field the file can hold, from the configuration type itself, so
+    // a new field without a flag fails here.
+    let default =
+        serde_yaml::to_value(etcdfleet_controllers::config::ControllerConfig::default()).unwrap();
+    let mut fields = Vec::new();
+    for (k, v) in default.as_mapping().unwrap() {
+        let k = k.as_str().unwrap();
+        match v.as_mapping() {
+            Some(inner) => {
+                for (ik, _) in inner {
+                    fields.push(format!("{k}.{}", ik.as_str().unwrap()));
+                }
+            }
+            None => fields.push(k.to_string()),
+        }
+    }
+    let out = etcdfleet(&["run", "--help"]);
+    let (help, _) = text(&out);
+    for field in &fields {
+        let Some((_, flag)) = flags.iter().find(|(f, _)| f == field) else {
+            panic!("config field {field} has no flag in this test's table (nor, likely, in `run`)");
+        };
+        assert!(
+            help.contains(&format!("{flag} ")),
+            "{field}: {flag} missing from run --help:\n{help}"
+        );
+        // The description names the file field it overrides.
+        assert!(
+            help.contains(&format!("file: {field}")),
+            "{flag}'s description does not name {field}:\n{help}"
+        );
+    }
+}

@@ -87,6 +87,9 @@ pub struct ApiOp {
     pub body: Option<Value>,
     /// Refused by an injected outage (never reached the fake API).
     pub rejected: bool,
+    /// The request's bearer token, if any: tells apart processes that share
+    /// one identity (replicas of the controller).
+    pub token: Option<String>,
 }
 
 impl ApiOp {
@@ -108,7 +111,7 @@ impl ApiOp {
         })
     }
 
-    fn from_request(
+    pub(crate) fn from_request(
         cluster: &str,
         parts: &http::request::Parts,
         body: &[u8],
@@ -191,6 +194,12 @@ impl ApiOp {
                     .unwrap_or_else(|_| json!(String::from_utf8_lossy(body)))
             }),
             rejected,
+            token: parts
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_string),
         }
     }
 }
@@ -215,7 +224,7 @@ pub struct OpRecorder {
 }
 
 impl OpRecorder {
-    fn push(&self, op: ApiOp) {
+    pub(crate) fn push(&self, op: ApiOp) {
         self.ops.lock().expect("lock").push(op);
     }
 
@@ -384,7 +393,7 @@ fn random_hex() -> String {
     format!("{:016x}", h.finish())
 }
 
-fn base64(bytes: &[u8]) -> String {
+pub(crate) fn base64(bytes: &[u8]) -> String {
     // k8s-openapi's ByteString serializes as base64: no extra crate needed.
     match serde_json::to_value(ByteString(bytes.to_vec())) {
         Ok(Value::String(s)) => s,

@@ -1,3 +1,5 @@
+pub mod apiserver;
+pub mod controller_process;
 pub mod demo;
 pub mod driver;
 pub mod etcd_harness;

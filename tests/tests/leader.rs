@@ -18,6 +18,7 @@ fn config() -> LeaderElectionConfig {
         lease_name: "etcdfleet-controller".into(),
         lease_namespace: "etcdfleet-system".into(),
         lease_duration_seconds: 3,
+        ..LeaderElectionConfig::default()
     }
 }
 

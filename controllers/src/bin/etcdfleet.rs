@@ -6,33 +6,21 @@
 //! - `plan`: offline, what the controller would do next for clusters as
 //!   `kubectl get -o yaml` shows them.
 //!
-//! The wiring is thin on purpose: decisions live in the library.
+//! The wiring is thin on purpose: decisions live in the library (`run` is
+//! `etcdfleet_controllers::runner`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use etcdfleet_api::EtcdCluster;
 use etcdfleet_controllers::cli::{
     EXIT_INPUT_ERROR, Manifests, plan_all, plan_exit_code, render_cluster,
 };
 use etcdfleet_controllers::config::{ControllerConfig, LogFormat, Overrides};
-use etcdfleet_controllers::connector::{
-    ConnectorSettings, KubeconfigClientFactory, WorkloadClusterConnector,
-};
-use etcdfleet_controllers::etcdcluster::{self, Context};
-use etcdfleet_controllers::http::{Health, serve_http};
-use etcdfleet_controllers::leader::LeaderElector;
-use etcdfleet_controllers::metrics::Metrics;
+use etcdfleet_controllers::dialer::DialerKind;
+use etcdfleet_controllers::runner::{self, ClientSource};
 use etcdfleet_controllers::telemetry;
-use futures::StreamExt;
-use kube::runtime::{Controller, watcher};
-use kube::{Api, Client};
-use tokio::sync::watch;
-use tracing::{error, info, warn};
 
 #[derive(Parser)]
 #[command(
@@ -48,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Resolve an EtcdCluster against templates and print what would be written.
     ///
     /// Every object is first validated as the API server would (CRD schema
@@ -89,30 +77,64 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Configuration file (YAML); flags override it.
+    /// Configuration file (YAML, e.g. config/manager/config.yaml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Namespace to watch (repeatable); none = all namespaces.
+    /// Kubeconfig of the management cluster [default: in-cluster, $KUBECONFIG or ~/.kube/config].
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Namespace whose EtcdClusters this controller owns (repeatable) [file: namespaces; none: all].
     #[arg(long = "namespace")]
     namespaces: Vec<String>,
-    /// Label selector the EtcdClusters must match.
+    /// Label selector the EtcdClusters must match [file: labelSelector].
     #[arg(long)]
     label_selector: Option<String>,
+    /// How long a member may be unhealthy before it is replaced [file: memberFailureGraceSeconds; default 120].
     #[arg(long)]
     member_failure_grace_seconds: Option<u64>,
+    /// How long deletion retries an unreachable workload cluster before releasing the EtcdCluster [file: deletionTimeoutSeconds; default 600].
     #[arg(long)]
     deletion_timeout_seconds: Option<u64>,
+    /// How often a converged cluster is polled again [file: requeueConvergedSeconds; default 60].
     #[arg(long)]
     requeue_converged_seconds: Option<u64>,
-    /// Enable or disable Lease leader election.
+    /// Reconcile at most this many EtcdClusters at once per watched namespace [file: maxConcurrentReconciles; default 16].
+    #[arg(long)]
+    max_concurrent_reconciles: Option<u16>,
+    /// Triggers for one cluster within this window cause one reconcile [file: debounceMilliseconds; default 200].
+    #[arg(long)]
+    debounce_milliseconds: Option<u64>,
+    /// After SIGTERM, how long in-flight reconciles may finish before the process exits [file: shutdownGraceSeconds; default 10].
+    #[arg(long)]
+    shutdown_grace_seconds: Option<u64>,
+    /// How etcd members are reached: port-forward (through the workload API server) or direct [file: dialer; default portForward].
+    #[arg(long, value_parser = ["portForward", "direct"])]
+    dialer: Option<String>,
+    /// OTLP/gRPC endpoint traces are exported to, e.g. http://otel-collector:4317 [file: tracing.otlpEndpoint; default unset: the OTEL_* environment decides].
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+    /// Enable or disable Lease leader election [file: leaderElection.enabled; default false].
     #[arg(long)]
     leader_elect: Option<bool>,
-    /// Namespace of the leader Lease (the controller's own namespace).
+    /// Name of the leader Lease [file: leaderElection.leaseName; default etcdfleet-controller].
+    #[arg(long)]
+    lease_name: Option<String>,
+    /// Namespace of the leader Lease, the controller's own [file: leaderElection.leaseNamespace].
     #[arg(long, env = "POD_NAMESPACE")]
     lease_namespace: Option<String>,
+    /// How long the Lease is valid without renewal [file: leaderElection.leaseDurationSeconds; default 15].
+    #[arg(long)]
+    lease_duration_seconds: Option<u64>,
+    /// How often the holder renews the Lease and a standby retries [file: leaderElection.renewIntervalSeconds; default a third of the lease duration].
+    #[arg(long)]
+    lease_renew_interval_seconds: Option<u64>,
+    /// How long the holder leads on without a successful renewal [file: leaderElection.renewDeadlineSeconds; default two thirds of the lease duration].
+    #[arg(long)]
+    lease_renew_deadline_seconds: Option<u64>,
+    /// Address of the /metrics, /healthz, /readyz and /leader endpoints [file: metricsAddress; default 0.0.0.0:8080].
     #[arg(long)]
     metrics_address: Option<String>,
-    /// text or json.
+    /// Log format, text or json [file: logFormat; default text].
     #[arg(long)]
     log_format: Option<LogFormat>,
 }
@@ -125,7 +147,10 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            runtime.block_on(run(args))
+            let code = runtime.block_on(run(*args));
+            // Tasks still parked on the network must not hold the exit.
+            runtime.shutdown_timeout(Duration::from_millis(500));
+            code
         }
         Command::Render {
             cluster,
@@ -230,8 +255,20 @@ async fn run(args: RunArgs) -> ExitCode {
         requeue_converged_seconds: args.requeue_converged_seconds,
         leader_election: args.leader_elect,
         lease_namespace: args.lease_namespace,
+        lease_name: args.lease_name,
+        lease_duration_seconds: args.lease_duration_seconds,
+        renew_interval_seconds: args.lease_renew_interval_seconds,
+        renew_deadline_seconds: args.lease_renew_deadline_seconds,
         metrics_address: args.metrics_address,
         log_format: args.log_format,
+        max_concurrent_reconciles: args.max_concurrent_reconciles,
+        debounce_milliseconds: args.debounce_milliseconds,
+        shutdown_grace_seconds: args.shutdown_grace_seconds,
+        dialer: args.dialer.as_deref().map(|d| match d {
+            "direct" => DialerKind::Direct,
+            _ => DialerKind::PortForward,
+        }),
+        otlp_endpoint: args.otlp_endpoint,
     };
     let config = match ControllerConfig::load(args.config.as_deref(), overrides) {
         Ok(c) => c,
@@ -248,172 +285,11 @@ async fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    info!(scope = %config.describe_scope(), leader_election = config.leader_election.enabled, "starting etcdfleet controller");
-
-    let client = match Client::try_default().await {
-        Ok(c) => c,
-        Err(e) => {
-            error!(error = %e, "cannot build the management cluster client");
-            return ExitCode::from(1);
-        }
-    };
-    let metrics = Arc::new(Metrics::new());
-    let health = Arc::new(Health::default());
-
-    let listener = match tokio::net::TcpListener::bind(&config.metrics_address).await {
-        Ok(l) => l,
-        Err(e) => {
-            error!(address = %config.metrics_address, error = %e, "cannot listen");
-            return ExitCode::from(1);
-        }
-    };
-    tokio::spawn(serve_http(listener, metrics.clone(), health.clone()));
-
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let shutdown_tx = Arc::new(shutdown_tx);
-    tokio::spawn({
-        let tx = shutdown_tx.clone();
-        async move {
-            wait_for_signal().await;
-            info!("shutdown requested");
-            let _ = tx.send(true);
-        }
-    });
-    let shutdown = move || {
-        let mut rx = shutdown_rx.clone();
-        async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        }
-    };
-
-    // Leader election: wait for the Lease (or for shutdown), then keep it.
-    let lease_lost = Arc::new(AtomicBool::new(false));
-    let elector = config.leader_election.enabled.then(|| {
-        Arc::new(LeaderElector::new(
-            client.clone(),
-            &config.leader_election,
-            LeaderElector::default_identity(),
-        ))
-    });
-    if let Some(elector) = &elector {
-        tokio::select! {
-            () = elector.acquire() => {}
-            () = shutdown() => return ExitCode::SUCCESS,
-        }
-        tokio::spawn({
-            let elector = elector.clone();
-            let tx = shutdown_tx.clone();
-            let lost = lease_lost.clone();
-            let health = health.clone();
-            async move {
-                let why = elector.hold().await;
-                error!(error = %why, "lost leadership; stopping the controller");
-                lost.store(true, Ordering::SeqCst);
-                health.ready.store(false, Ordering::SeqCst);
-                let _ = tx.send(true);
-                // Never reconcile after another replica may have taken over:
-                // leave before the lease can expire for the others.
-                tokio::time::sleep(elector.renew_interval()).await;
-                std::process::exit(1);
-            }
-        });
-    }
-
-    let connector = WorkloadClusterConnector::new(
-        client.clone(),
-        Arc::new(KubeconfigClientFactory::default()),
-        ConnectorSettings::default(),
-    );
-    let owner = config.clone();
-    let ctx = Arc::new(
-        Context::new(
-            client.clone(),
-            connector,
-            config.dialer.build(),
-            config.reconciler_settings(),
-            metrics.clone(),
-        )
-        .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c))),
-    );
-    tokio::spawn({
-        let ctx = ctx.clone();
-        async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(60));
-            loop {
-                tick.tick().await;
-                let evicted = ctx.connector.evict_idle();
-                if evicted > 0 {
-                    info!(evicted, "dropped idle workload cluster clients");
-                }
-                let evicted = ctx.etcd_clients.evict_idle();
-                if evicted > 0 {
-                    info!(evicted, "dropped idle etcd clients");
-                }
-            }
-        }
-    });
-
-    let mut watch_config = watcher::Config::default();
-    if let Some(selector) = &config.label_selector {
-        watch_config = watch_config.labels(selector);
-    }
-    let apis: Vec<Api<EtcdCluster>> = if config.namespaces.is_empty() {
-        vec![Api::all(client.clone())]
-    } else {
-        config
-            .namespaces
-            .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
-            .collect()
-    };
-    let controllers = apis.into_iter().map(|api| {
-        Controller::new(api, watch_config.clone())
-            .with_config(
-                kube::runtime::controller::Config::default()
-                    .concurrency(config.concurrency)
-                    .debounce(Duration::from_millis(config.debounce_millis)),
-            )
-            .graceful_shutdown_on(shutdown())
-            .run(
-                etcdcluster::reconcile,
-                etcdcluster::error_policy,
-                ctx.clone(),
-            )
-            .for_each(|result| async move {
-                if let Err(e) = result {
-                    warn!(error = %e, "reconcile failed");
-                }
-            })
-    });
-    health.ready.store(true, Ordering::SeqCst);
-    info!("controller running");
-    // Backups and schedules share the cluster reconciler's context (clients, dialer, metrics).
-    let backups = etcdfleet_controllers::backup::run(ctx.clone(), &config.namespaces, &shutdown);
-    futures::future::join(futures::future::join_all(controllers), backups).await;
-    health.ready.store(false, Ordering::SeqCst);
-
-    if lease_lost.load(Ordering::SeqCst) {
-        return ExitCode::from(1);
-    }
-    if let Some(elector) = &elector {
-        elector.release().await;
-    }
-    info!("stopped");
-    ExitCode::SUCCESS
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
+    runner::run(
+        config,
+        ClientSource {
+            kubeconfig: args.kubeconfig,
+        },
+    )
+    .await
 }

@@ -224,7 +224,8 @@ pub async fn observe(
         ] {
             match services.get_opt(&name).await.map_err(&err)? {
                 Some(s) if !check_owner(&s, ns, &owner, &mut conflicts) => {}
-                Some(s) if hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}"))) => {}
+                Some(s)
+                    if hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}"))) => {}
                 _ => stale.push(kind),
             }
         }

@@ -1,0 +1,482 @@
+//! `etcdfleet run`: the controller process. Wires the management client, the
+//! HTTP endpoints, leader election and one kube-runtime `Controller` per
+//! watched scope, and owns the process lifecycle:
+//!
+//! - every wait (client configuration, reaching the API server, acquiring and
+//!   holding the Lease, the first list, the controllers) races the shutdown
+//!   signal, so SIGTERM stops the process within `shutdownGraceSeconds` in
+//!   every state; a watchdog thread enforces that bound even if a wait forgets
+//!   to, and a second SIGTERM/SIGINT exits at once;
+//! - readiness and liveness follow what the process actually did (see
+//!   `crate::http`).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcdfleet_api::EtcdCluster;
+use futures::StreamExt;
+use kube::api::ListParams;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::config::ControllerConfig;
+use crate::connector::{ConnectorSettings, KubeconfigClientFactory, WorkloadClusterConnector};
+use crate::etcdcluster::{self, Context};
+use crate::http::{Health, serve_http};
+use crate::leader::LeaderElector;
+use crate::metrics::Metrics;
+
+/// How long one attempt to reach the API server may take before it counts as
+/// failed (a server that accepts and never answers must not stall start-up).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest pause between attempts to reach the API server.
+const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Exit code after a second signal (128 + SIGTERM), as a shell reports it.
+const EXIT_FORCED: i32 = 143;
+
+/// The process-wide shutdown request: set once, observed by every wait.
+#[derive(Clone)]
+pub struct Shutdown {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown {
+            tx: Arc::new(watch::channel(false).0),
+        }
+    }
+}
+
+impl Shutdown {
+    pub fn request(&self) {
+        self.tx.send_replace(true);
+    }
+
+    pub fn is_requested(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Resolves once shutdown is requested (at once if it already was).
+    pub fn wait(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
+        let mut rx = self.tx.subscribe();
+        async move {
+            // The sender lives as long as any `Shutdown`; an error means it is
+            // gone, which can only happen when the process is ending anyway.
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+
+    /// Runs `fut` unless shutdown comes first (`None`).
+    pub async fn race<F: Future>(&self, fut: F) -> Option<F::Output> {
+        tokio::select! {
+            out = fut => Some(out),
+            () = self.wait() => None,
+        }
+    }
+}
+
+/// Where the management cluster's client configuration comes from.
+#[derive(Debug, Clone, Default)]
+pub struct ClientSource {
+    /// A kubeconfig file; `None`: in-cluster or `$KUBECONFIG` / `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+async fn client_config(source: &ClientSource) -> Result<kube::Config, String> {
+    match &source.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))
+        }
+        None => kube::Config::infer().await.map_err(|e| e.to_string()),
+    }
+}
+
+/// Installs the SIGTERM/SIGINT handling: the first signal requests shutdown
+/// and arms a watchdog that ends the process `grace` later whatever is still
+/// running; a second signal exits at once.
+fn handle_signals(shutdown: Shutdown, health: Arc<Health>, grace: Duration) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (term, int) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                // Without our handlers the default disposition (exit) stays.
+                warn!(error = %e, "cannot handle SIGTERM/SIGINT; they will end the process at once");
+                return;
+            }
+        };
+        let (mut term, mut int) = (term, int);
+        tokio::spawn(async move {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            info!(
+                signal = name,
+                grace_seconds = grace.as_secs(),
+                "shutdown requested; stopping (a second signal exits at once)"
+            );
+            health.set_stopping();
+            shutdown.request();
+            arm_watchdog(grace);
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            warn!(signal = name, "second signal: exiting at once");
+            std::process::exit(EXIT_FORCED);
+        });
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            info!("shutdown requested");
+            health.set_stopping();
+            shutdown.request();
+            arm_watchdog(grace);
+            let _ = tokio::signal::ctrl_c().await;
+            std::process::exit(EXIT_FORCED);
+        });
+    }
+}
+
+/// A plain thread, so that it fires even if the async runtime is wedged.
+fn arm_watchdog(grace: Duration) {
+    // One second past the grace period the orderly path had its chance.
+    let limit = grace + Duration::from_secs(1);
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        eprintln!(
+            "etcdfleet: still running {}s after the shutdown request; exiting",
+            limit.as_secs()
+        );
+        std::process::exit(1);
+    });
+}
+
+/// Lists EtcdClusters once in every watched scope (limit 1) until one round
+/// succeeds: proves the API server is reachable, the CRD installed and the
+/// RBAC sufficient, and names the server when it is not.
+async fn reach_api_server(
+    apis: &[Api<EtcdCluster>],
+    selector: Option<&str>,
+    server: &str,
+    shutdown: &Shutdown,
+) -> bool {
+    let mut params = ListParams::default().limit(1);
+    if let Some(selector) = selector {
+        params = params.labels(selector);
+    }
+    let mut backoff = Duration::from_millis(500);
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let round = async {
+            for api in apis {
+                match tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&params)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
+                        return Err(format!(
+                            "the EtcdCluster CRD is not installed (404 {}); apply config/crd first",
+                            e.message
+                        ));
+                    }
+                    Ok(Err(e)) => return Err(e.to_string()),
+                    Err(_) => {
+                        return Err(format!("no answer within {}s", PROBE_TIMEOUT.as_secs()));
+                    }
+                }
+            }
+            Ok(())
+        };
+        match shutdown.race(round).await {
+            None => return false,
+            Some(Ok(())) => {
+                info!(api_server = %server, "reached the management API server");
+                return true;
+            }
+            Some(Err(e)) => {
+                error!(
+                    api_server = %server,
+                    attempt,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    "cannot reach the management API server {server}: {e}"
+                );
+            }
+        }
+        if shutdown.race(tokio::time::sleep(backoff)).await.is_none() {
+            return false;
+        }
+        backoff = (backoff * 2).min(PROBE_BACKOFF_MAX);
+    }
+}
+
+/// Runs the controller until shutdown; the process's exit code.
+pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
+    // Every TLS client of the process (management, workload, etcd) uses ring;
+    // an error only means a provider was installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let shutdown = Shutdown::default();
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    let health = Arc::new(if config.leader_election.enabled {
+        Health::with_leader_election(config.leader_election.lease_duration())
+    } else {
+        Health::default()
+    });
+    handle_signals(shutdown.clone(), health.clone(), grace);
+    info!(
+        scope = %config.describe_scope(),
+        leader_election = config.leader_election.enabled,
+        max_concurrent_reconciles = config.max_concurrent_reconciles,
+        "starting etcdfleet controller"
+    );
+
+    // Endpoints first: a replica that cannot reach the API server still
+    // answers, alive and not ready.
+    let metrics = Arc::new(Metrics::new());
+    let listener = match tokio::net::TcpListener::bind(&config.metrics_address).await {
+        Ok(l) => l,
+        Err(e) => {
+            error!(address = %config.metrics_address, error = %e, "cannot listen");
+            return ExitCode::from(1);
+        }
+    };
+    tokio::spawn(serve_http(listener, metrics.clone(), health.clone()));
+
+    // Client configuration may run an exec credential plugin: it races too.
+    let kube_config = match shutdown.race(client_config(&source)).await {
+        None => return stopped("before the client configuration was loaded"),
+        Some(Ok(c)) => c,
+        Some(Err(e)) => {
+            error!(error = %e, "cannot load the management cluster's client configuration");
+            return ExitCode::from(1);
+        }
+    };
+    let server = kube_config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string();
+    let client = match Client::try_from(kube_config) {
+        Ok(c) => c,
+        Err(e) => {
+            error!(api_server = %server, error = %e, "cannot build the management cluster client");
+            return ExitCode::from(1);
+        }
+    };
+    let apis: Vec<Api<EtcdCluster>> = if config.namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        config
+            .namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    };
+    if !reach_api_server(&apis, config.label_selector.as_deref(), &server, &shutdown).await {
+        return stopped("before the API server was reached");
+    }
+    // That was the first list of this controller's EtcdClusters, in every
+    // watched scope, with its identity: the API, the CRD and the RBAC work.
+    health.set_listed();
+    info!("first list of EtcdClusters succeeded; ready");
+
+    // Leader election: a standby waits here (ready while it reads the Lease).
+    let elector = config.leader_election.enabled.then(|| {
+        let observed = health.clone();
+        Arc::new(
+            LeaderElector::new(
+                client.clone(),
+                &config.leader_election,
+                LeaderElector::default_identity(),
+            )
+            .with_observer(Arc::new(move |answered| observed.observe_lease(answered))),
+        )
+    });
+    if let Some(elector) = &elector {
+        let span =
+            info_span!("leader_election", api_server = %server, lease = %elector.lease_name());
+        if shutdown
+            .race(elector.acquire().instrument(span.clone()))
+            .await
+            .is_none()
+        {
+            return stopped("while waiting for the leader Lease");
+        }
+        health.set_leader(true);
+        tokio::spawn({
+            let elector = elector.clone();
+            let shutdown = shutdown.clone();
+            let health = health.clone();
+            async move {
+                let why = elector.hold().await;
+                error!(error = %why, "lost leadership; stopping the controller");
+                health.set_leader(false);
+                health.set_stopping();
+                shutdown.request();
+                // Never reconcile after another replica may have taken over:
+                // leave within the renew interval, before the lease can
+                // expire for the others, whatever is still in flight.
+                tokio::time::sleep(elector.renew_interval()).await;
+                std::process::exit(1);
+            }
+            .instrument(span)
+        });
+    }
+
+    let connector = WorkloadClusterConnector::new(
+        client.clone(),
+        Arc::new(KubeconfigClientFactory::default()),
+        ConnectorSettings::default(),
+    );
+    let owner = config.clone();
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            connector,
+            config.dialer.build(),
+            config.reconciler_settings(),
+            metrics.clone(),
+        )
+        .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c))),
+    );
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                let evicted = ctx.connector.evict_idle();
+                if evicted > 0 {
+                    info!(evicted, "dropped idle workload cluster clients");
+                }
+                let evicted = ctx.etcd_clients.evict_idle();
+                if evicted > 0 {
+                    info!(evicted, "dropped idle etcd clients");
+                }
+            }
+        }
+    });
+
+    let mut watch_config = watcher::Config::default();
+    if let Some(selector) = &config.label_selector {
+        watch_config = watch_config.labels(selector);
+    }
+    let controller_config = controller::Config::default()
+        .concurrency(config.max_concurrent_reconciles)
+        .debounce(Duration::from_millis(config.debounce_milliseconds));
+    let mut loops = tokio::task::JoinSet::new();
+    for api in apis {
+        let controller = Controller::new(api, watch_config.clone())
+            .with_config(controller_config.clone())
+            .graceful_shutdown_on(shutdown.wait());
+        let server = server.clone();
+        loops.spawn(
+            controller
+                .run(
+                    etcdcluster::reconcile,
+                    etcdcluster::error_policy,
+                    ctx.clone(),
+                )
+                .for_each(move |result| {
+                    log_controller_error(result.err(), &server);
+                    futures::future::ready(())
+                }),
+        );
+    }
+    // Backups and schedules share the cluster reconciler's context (clients,
+    // dialer, metrics) and end on the same shutdown.
+    {
+        let (ctx, namespaces, shutdown) =
+            (ctx.clone(), config.namespaces.clone(), shutdown.clone());
+        loops.spawn(async move {
+            let stop = move || {
+                let shutdown = shutdown.clone();
+                async move { shutdown.wait().await }
+            };
+            crate::backup::run(ctx, &namespaces, stop).await;
+        });
+    }
+    info!("controller running");
+
+    // The loops end only on shutdown; one ending earlier is a dead controller.
+    let mut died = false;
+    tokio::select! {
+        ended = loops.join_next() => {
+            let why = match ended {
+                Some(Err(e)) if e.is_panic() => "an EtcdCluster controller panicked".to_string(),
+                _ => "an EtcdCluster controller stopped on its own".to_string(),
+            };
+            error!(reason = %why, "controller loop died; exiting");
+            health.set_dead(why);
+            shutdown.request();
+            died = true;
+        }
+        () = shutdown.wait() => {}
+    }
+    // Graceful: the controllers stop taking work and finish in-flight
+    // reconciles, for at most the grace period.
+    let drain = async { while loops.join_next().await.is_some() {} };
+    if tokio::time::timeout(grace, drain).await.is_err() {
+        warn!(
+            grace_seconds = grace.as_secs(),
+            "in-flight reconciles did not finish within the grace period; exiting anyway"
+        );
+        loops.abort_all();
+    }
+    if let Some(elector) = &elector
+        && !died
+    {
+        // Hand over at once rather than after the lease duration.
+        if tokio::time::timeout(Duration::from_secs(2), elector.release())
+            .await
+            .is_err()
+        {
+            warn!("could not release the leader Lease in time");
+        }
+    }
+    info!("stopped");
+    if died {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn stopped(when: &str) -> ExitCode {
+    info!("stopped {when}");
+    ExitCode::SUCCESS
+}
+
+fn log_controller_error(
+    error: Option<controller::Error<etcdcluster::Error, watcher::Error>>,
+    server: &str,
+) {
+    match error {
+        None => {}
+        // error_policy logged it, with the cluster and the reason.
+        Some(controller::Error::ReconcilerFailed(..)) => {}
+        // A trigger for a cluster deleted meanwhile: expected.
+        Some(controller::Error::ObjectNotFound(_)) => {}
+        Some(controller::Error::QueueError(e)) => {
+            warn!(api_server = %server, error = %e, "cannot list or watch EtcdClusters on the management API server {server}; retrying");
+        }
+        Some(e) => warn!(error = %e, "controller error"),
+    }
+}

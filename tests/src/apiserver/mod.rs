@@ -1,0 +1,656 @@
+//! An in-memory Kubernetes API server for the test world, stricter than
+//! kube-fake-client where the controller depends on it: RBAC from the
+//! shipped `config/rbac` manifests, server-side apply with field ownership,
+//! CRD validation hooks, immutable fields of built-ins, resourceVersion and
+//! delete preconditions, finalizers and garbage collection, the status and
+//! scale subresources, and list + watch with a bounded event history (410
+//! Gone for a compacted resourceVersion), so kube-runtime's reflectors and
+//! `Controller` run against it.
+//!
+//! It is served two ways: in-process ([`ApiServer::client_as`], a
+//! `kube::Client` whose requests carry a fixed identity) and over HTTPS on
+//! `127.0.0.1:<random port>` with bearer tokens ([`ApiServer::kubeconfig`]).
+//! Both go through the same handler, so both are authorized and recorded
+//! the same way. Requests of the [`ADMIN`] identity (tests, the workload
+//! runtime) bypass RBAC and are not recorded.
+
+pub mod immutable;
+pub mod kinds;
+pub mod patch;
+pub mod rbac;
+pub mod selectors;
+mod serve;
+pub mod ssa_fallback;
+pub mod store;
+pub mod validation_fallback;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use kube::Client;
+use serde_json::{Value, json};
+
+use crate::fleet::{ApiOp, OpRecorder};
+use kinds::Kind;
+use patch::PatchType;
+use rbac::{Attributes, Rbac};
+use store::{ApiError, Query, Store, Target, bad_request, status};
+
+/// The identity that bypasses RBAC (tests and the workload runtime).
+pub const ADMIN: &str = "system:admin";
+
+/// The controller's ServiceAccount, as the shipped ClusterRoleBinding names it.
+pub const CONTROLLER_USER: &str = "system:serviceaccount:etcdfleet-system:etcdfleet-controller";
+
+/// The body of every response.
+pub type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Handles an upgrading request (`pods/<name>/portforward`), after RBAC.
+pub type UpgradeHandler = Arc<
+    dyn Fn(
+            http::Request<hyper::body::Incoming>,
+            String,
+            String,
+        ) -> BoxFuture<'static, http::Response<Full<Bytes>>>
+        + Send
+        + Sync,
+>;
+
+pub(crate) struct Inner {
+    name: String,
+    store: Mutex<Store>,
+    rbac: Mutex<Rbac>,
+    tokens: Mutex<BTreeMap<String, String>>,
+    unavailable: Mutex<BTreeSet<String>>,
+    recorder: Mutex<Option<OpRecorder>>,
+    portforward: Mutex<Option<UpgradeHandler>>,
+}
+
+/// One API server. Cheap to clone; the HTTPS listener stops when the last
+/// clone is dropped.
+#[derive(Clone)]
+pub struct ApiServer {
+    inner: Arc<Inner>,
+    serving: Arc<serve::Serving>,
+}
+
+pub(crate) fn body(bytes: impl Into<Bytes>) -> ResponseBody {
+    Full::new(bytes.into()).boxed_unsync()
+}
+
+fn json_response(code: u16, value: &Value) -> http::Response<ResponseBody> {
+    http::Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body(value.to_string()))
+        .expect("static response parts")
+}
+
+fn error_response(e: ApiError) -> http::Response<ResponseBody> {
+    json_response(e.0, &e.1)
+}
+
+fn query_map(query: Option<&str>) -> BTreeMap<String, String> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(b) => {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                Err(_) => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The RBAC verb of a request.
+fn rbac_verb(method: &http::Method, t: &Target, watch: bool) -> &'static str {
+    match (method.as_str(), t.name.is_some()) {
+        ("GET", true) => "get",
+        ("GET", false) if watch => "watch",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "unknown",
+    }
+}
+
+impl Inner {
+    /// Maps a path onto a served kind: `/api/v1/...`, `/apis/<g>/<v>/...`.
+    fn target(&self, path: &str) -> Option<Target> {
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let (group, rest) = match segments.first() {
+            Some(&"api") => ("", segments.get(1..)?),
+            Some(&"apis") => (*segments.get(1)?, segments.get(2..)?),
+            _ => return None,
+        };
+        let version = *rest.first()?;
+        let rest = &rest[1..];
+        let (namespace, resource, name, sub) = if rest.first() == Some(&"namespaces")
+            && rest.len() >= 3
+            && !(rest.len() == 3 && group.is_empty() && ["status", "finalize"].contains(&rest[2]))
+        {
+            (Some(rest[1]), rest[2], rest.get(3), rest.get(4))
+        } else {
+            (None, *rest.first()?, rest.get(1), rest.get(2))
+        };
+        let store = self.store.lock().expect("store lock");
+        let kind = store
+            .kinds
+            .iter()
+            .position(|k| k.group == group && k.version == version && k.resource == resource)?;
+        Some(Target {
+            kind,
+            namespace: namespace.map(str::to_string),
+            name: name.map(|s| s.to_string()),
+            subresource: sub.map(|s| s.to_string()),
+        })
+    }
+
+    fn kind(&self, t: &Target) -> Kind {
+        self.store.lock().expect("store lock").kinds[t.kind].clone()
+    }
+
+    fn record(&self, user: &str, parts: &http::request::Parts, bytes: &[u8], rejected: bool) {
+        if user == ADMIN {
+            return;
+        }
+        if let Some(recorder) = self.recorder.lock().expect("recorder lock").as_ref() {
+            recorder.push(ApiOp::from_request(&self.name, parts, bytes, rejected));
+        }
+    }
+
+    fn unavailable_for(&self, user: &str) -> bool {
+        self.unavailable.lock().expect("lock").contains(user)
+    }
+
+    /// Authentication aside, the whole request path: record, outage,
+    /// routing, RBAC, the verb.
+    pub(crate) async fn handle(
+        self: &Arc<Self>,
+        user: &str,
+        parts: &http::request::Parts,
+        bytes: Bytes,
+    ) -> http::Response<ResponseBody> {
+        let rejected = self.unavailable_for(user);
+        self.record(user, parts, &bytes, rejected);
+        if rejected {
+            return error_response(status(
+                503,
+                "ServiceUnavailable",
+                format!(
+                    "the server is currently unable to handle the request (injected outage of {})",
+                    self.name
+                ),
+                json!({}),
+            ));
+        }
+        let path = parts.uri.path();
+        if ["/version", "/healthz", "/readyz", "/livez"].contains(&path) {
+            return json_response(
+                200,
+                &json!({ "major": "1", "minor": "32", "gitVersion": "v1.32.0-etcdfleet-test" }),
+            );
+        }
+        let Some(t) = self.target(path) else {
+            return error_response(status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource".into(),
+                json!({}),
+            ));
+        };
+        let query = query_map(parts.uri.query());
+        let watch = query.get("watch").is_some_and(|v| v == "true" || v == "1");
+        let kind = self.kind(&t);
+        if let Err(e) = self.authorize(user, &parts.method, &t, &kind, watch) {
+            return error_response(e);
+        }
+        if kind.namespaced != t.namespace.is_some() && t.name.is_some() {
+            return error_response(status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource".into(),
+                json!({}),
+            ));
+        }
+        if watch {
+            return self.watch(&t, &query);
+        }
+        match self.dispatch(user, parts, &t, &query, &bytes) {
+            Ok((code, value)) => json_response(code, &value),
+            Err(e) => error_response(e),
+        }
+    }
+
+    fn authorize(
+        &self,
+        user: &str,
+        method: &http::Method,
+        t: &Target,
+        kind: &Kind,
+        watch: bool,
+    ) -> Result<(), ApiError> {
+        if user == ADMIN {
+            return Ok(());
+        }
+        let attrs = Attributes {
+            user: user.to_string(),
+            verb: rbac_verb(method, t, watch).into(),
+            group: kind.group.clone(),
+            resource: kind.resource.clone(),
+            subresource: t.subresource.clone(),
+            namespace: t.namespace.clone(),
+            name: t.name.clone(),
+        };
+        if self.rbac.lock().expect("rbac lock").allows(&attrs) {
+            Ok(())
+        } else {
+            Err(ApiError(403, rbac::forbidden(&attrs)))
+        }
+    }
+
+    fn dispatch(
+        &self,
+        user: &str,
+        parts: &http::request::Parts,
+        t: &Target,
+        query: &BTreeMap<String, String>,
+        bytes: &[u8],
+    ) -> Result<(u16, Value), ApiError> {
+        let q = Query(query);
+        let parse = |bytes: &[u8]| -> Result<Value, ApiError> {
+            if bytes.is_empty() {
+                return Ok(json!({}));
+            }
+            serde_json::from_slice(bytes)
+                .or_else(|_| serde_yaml::from_slice(bytes))
+                .map_err(|e| bad_request(format!("the request body is not valid: {e}")))
+        };
+        let mut store = self.store.lock().expect("store lock");
+        let name = t.name.clone();
+        match (parts.method.as_str(), name) {
+            ("GET", Some(name)) => Ok((200, store.get_sub(t, &name)?)),
+            ("GET", None) => Ok((200, store.list(t, &q)?)),
+            ("POST", None) => Ok((201, store.create(t, user, parse(bytes)?, &q)?)),
+            ("PUT", Some(name)) => Ok((200, store.update(t, &name, user, parse(bytes)?, &q)?)),
+            ("PATCH", Some(name)) => {
+                let ct = parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                let kind_of_patch = PatchType::from_content_type(ct).ok_or_else(|| {
+                    status(
+                        415,
+                        "UnsupportedMediaType",
+                        format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {ct:?})"),
+                        json!({}),
+                    )
+                })?;
+                let created = kind_of_patch == PatchType::Apply && store.get(t, &name).is_err();
+                let out = store.patch(t, &name, user, kind_of_patch, parse(bytes)?, &q)?;
+                Ok((if created { 201 } else { 200 }, out))
+            }
+            ("DELETE", Some(name)) => Ok((200, store.delete(t, &name, &parse(bytes)?, &q)?)),
+            ("DELETE", None) => Ok((200, store.delete_collection(t, &parse(bytes)?, &q)?)),
+            (method, _) => Err(status(
+                405,
+                "MethodNotAllowed",
+                format!(
+                    "the server does not allow this method on the requested resource ({method})"
+                ),
+                json!({}),
+            )),
+        }
+    }
+
+    /// A watch: events after the requested resourceVersion (or the current
+    /// objects as ADDED when none is given), then live changes; an ERROR
+    /// event with 410 Gone when the version is compacted, as the API server
+    /// answers; BOOKMARKs when asked for; ends after `timeoutSeconds`.
+    fn watch(
+        self: &Arc<Self>,
+        t: &Target,
+        query: &BTreeMap<String, String>,
+    ) -> http::Response<ResponseBody> {
+        let q = Query(query);
+        let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+        let timeout = q
+            .get("timeoutSeconds")
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(Duration::from_secs(1800));
+        let requested = q
+            .get("resourceVersion")
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0);
+        let (initial, start_rv, mut changed, kind) = {
+            let store = self.store.lock().expect("store lock");
+            let kind = store.kinds[t.kind].clone();
+            let initial: Vec<Value> = if requested == 0 {
+                match store.select(t, &q) {
+                    Ok(items) => items
+                        .into_iter()
+                        .map(|o| json!({ "type": "ADDED", "object": o }))
+                        .collect(),
+                    Err(e) => return error_response(e),
+                }
+            } else {
+                match store.events_since(t, requested) {
+                    Some(events) => events
+                        .into_iter()
+                        .map(|e| json!({ "type": e.kind_of_change, "object": e.object }))
+                        .collect(),
+                    None => vec![json!({ "type": "ERROR", "object": {
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("too old resource version: {requested} ({})", store.compacted + 1),
+                        "reason": "Expired", "code": 410,
+                    }})],
+                }
+            };
+            let gone = initial.iter().any(|e| e["type"] == "ERROR");
+            let start = if requested == 0 {
+                store.resource_version()
+            } else {
+                store.resource_version().max(requested)
+            };
+            if gone {
+                let lines: String = initial.iter().map(|e| format!("{e}\n")).collect();
+                return http::Response::builder()
+                    .status(200)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(body(lines))
+                    .expect("static response parts");
+            }
+            (initial, start, store.changed.subscribe(), kind)
+        };
+        let labels = selectors::LabelSelector::parse(q.get("labelSelector").unwrap_or_default())
+            .unwrap_or_default();
+        let fields = selectors::FieldSelector::parse(q.get("fieldSelector").unwrap_or_default())
+            .unwrap_or_default();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
+        let inner = self.clone();
+        let target = t.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            for e in initial {
+                if tx.send(Bytes::from(format!("{e}\n"))).await.is_err() {
+                    return;
+                }
+            }
+            let mut seen = start_rv;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => return,
+                    _ = tx.closed() => return,
+                    r = changed.changed() => if r.is_err() { return },
+                    _ = tick.tick() => {
+                        if bookmarks {
+                            let line = json!({ "type": "BOOKMARK", "object": {
+                                "kind": kind.kind, "apiVersion": kind.api_version(),
+                                "metadata": { "resourceVersion": seen.to_string() },
+                            }});
+                            if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
+                                return;
+                            }
+                        }
+                        continue;
+                    }
+                }
+                let events = {
+                    let store = inner.store.lock().expect("store lock");
+                    store.events_since(&target, seen)
+                };
+                let Some(events) = events else {
+                    let line = json!({ "type": "ERROR", "object": {
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("too old resource version: {seen}"), "reason": "Expired", "code": 410,
+                    }});
+                    let _ = tx.send(Bytes::from(format!("{line}\n"))).await;
+                    return;
+                };
+                for e in events {
+                    seen = e.rv;
+                    let matches = labels.matches(&e.object) && fields.matches(&e.object);
+                    if !matches {
+                        continue;
+                    }
+                    let line = json!({ "type": e.kind_of_change, "object": e.object });
+                    if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|b| (Ok::<_, Infallible>(http_body::Frame::data(b)), rx))
+        });
+        http::Response::builder()
+            .status(200)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::StreamBody::new(stream).boxed_unsync())
+            .expect("static response parts")
+    }
+}
+
+fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    (0..2)
+        .map(|i| {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(i);
+            format!("{:016x}", h.finish())
+        })
+        .collect()
+}
+
+impl ApiServer {
+    /// An API server named `name` (the `cluster` of its recorded operations)
+    /// serving the built-in kinds, every CRD of the shipped `config/crd/`,
+    /// with the RBAC of the YAML files of `rbac_dirs`, listening on HTTPS.
+    pub async fn start(name: &str, rbac_dirs: &[&Path]) -> Result<ApiServer> {
+        // Two rustls providers are in the test build (ring through kube,
+        // aws-lc through a dev-dependency): clients need one chosen.
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        let mut all = kinds::builtins();
+        for crd in kinds::load_crds(&kinds::config_dir().join("crd"))? {
+            all.extend(kinds::from_crd(&crd));
+        }
+        let mut rbac = Rbac::default();
+        for dir in rbac_dirs {
+            rbac.add_documents(&kinds::yaml_documents(dir)?);
+        }
+        let inner = Arc::new(Inner {
+            name: name.to_string(),
+            store: Mutex::new(Store::new(all)),
+            rbac: Mutex::new(rbac),
+            tokens: Mutex::new(BTreeMap::new()),
+            unavailable: Mutex::new(BTreeSet::new()),
+            recorder: Mutex::new(None),
+            portforward: Mutex::new(None),
+        });
+        let serving = serve::Serving::start(inner.clone()).await?;
+        Ok(ApiServer {
+            inner,
+            serving: Arc::new(serving),
+        })
+    }
+
+    /// A management API server: the shipped `config/rbac`.
+    pub async fn management() -> Result<ApiServer> {
+        Self::start(
+            crate::fleet::MANAGEMENT,
+            &[&kinds::config_dir().join("rbac")],
+        )
+        .await
+    }
+
+    /// A workload cluster's API server: the shipped `config/workload-rbac`.
+    pub async fn workload(name: &str) -> Result<ApiServer> {
+        Self::start(name, &[&kinds::config_dir().join("workload-rbac")]).await
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Adds RBAC objects (Role, ClusterRole, bindings) from YAML text.
+    pub fn add_rbac_yaml(&self, text: &str) -> Result<()> {
+        let mut docs = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(text) {
+            let v: Value = serde::Deserialize::deserialize(doc)?;
+            docs.push(v);
+        }
+        self.inner
+            .rbac
+            .lock()
+            .expect("rbac lock")
+            .add_documents(&docs);
+        Ok(())
+    }
+
+    /// A client whose every request carries identity `user`.
+    pub fn client_as(&self, user: &str) -> Client {
+        let inner = self.inner.clone();
+        let user = user.to_string();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let (inner, user) = (inner.clone(), user.clone());
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect_bytes().await.unwrap_or_default();
+                Ok::<_, Infallible>(inner.handle(&user, &parts, bytes).await)
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    /// The admin client: no RBAC, not recorded.
+    pub fn admin_client(&self) -> Client {
+        self.client_as(ADMIN)
+    }
+
+    /// A new bearer token for `user`, for HTTPS requests.
+    pub fn issue_token(&self, user: &str) -> String {
+        let token = random_token();
+        self.inner
+            .tokens
+            .lock()
+            .expect("tokens lock")
+            .insert(token.clone(), user.to_string());
+        token
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        self.serving.url.clone()
+    }
+
+    /// PEM of the CA that signed the serving certificate.
+    pub fn ca_pem(&self) -> String {
+        self.serving.ca_pem.clone()
+    }
+
+    /// A kubeconfig for this server: inline CA data and the bearer token.
+    pub fn kubeconfig(&self, user_token: &str) -> String {
+        let name = &self.inner.name;
+        let ca = crate::fleet::base64(self.serving.ca_pem.as_bytes());
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: {name}
+  cluster:
+    server: {url}
+    certificate-authority-data: {ca}
+users:
+- name: {name}-user
+  user:
+    token: {user_token}
+contexts:
+- name: {name}
+  context:
+    cluster: {name}
+    user: {name}-user
+current-context: {name}
+",
+            url = self.serving.url
+        )
+    }
+
+    /// Records every request of a non-admin identity into `recorder`.
+    pub fn set_recorder(&self, recorder: OpRecorder) {
+        *self.inner.recorder.lock().expect("recorder lock") = Some(recorder);
+    }
+
+    /// Makes every request of `user` answer 503 (recorded as rejected).
+    pub fn set_unavailable(&self, user: &str, unavailable: bool) {
+        let mut set = self.inner.unavailable.lock().expect("lock");
+        if unavailable {
+            set.insert(user.to_string());
+        } else {
+            set.remove(user);
+        }
+    }
+
+    /// Serves `pods/<name>/portforward` upgrades with `handler`.
+    pub fn set_portforward_handler(&self, handler: UpgradeHandler) {
+        *self.inner.portforward.lock().expect("lock") = Some(handler);
+    }
+
+    /// How many changes watches can resume across; older resourceVersions
+    /// answer 410 Gone.
+    pub fn set_watch_history_limit(&self, limit: usize) {
+        let mut store = self.inner.store.lock().expect("store lock");
+        store.history_limit = limit.max(1);
+        while store.history.len() > store.history_limit {
+            if let Some(e) = store.history.pop_front() {
+                store.compacted = e.rv;
+            }
+        }
+    }
+
+    /// The current resourceVersion of the whole store.
+    pub fn resource_version(&self) -> u64 {
+        self.inner
+            .store
+            .lock()
+            .expect("store lock")
+            .resource_version()
+    }
+}
