@@ -3,6 +3,5 @@ pub mod demo;
 pub mod driver;
 pub mod etcd_harness;
 pub mod fleet;
-pub mod namespaces;
 pub mod runtime;
 pub mod scenario;

@@ -145,8 +145,8 @@ fn cluster_role_is_least_privilege() {
     };
     assert_eq!(
         verbs("", "secrets"),
-        ["create", "get"],
-        "Secrets: get and create only"
+        ["create", "get", "patch"],
+        "Secrets: get, create and patch (PKI renewal) only; never list or watch"
     );
     for (g, r) in grants.keys() {
         if r == "secrets" {

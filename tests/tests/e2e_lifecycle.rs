@@ -314,7 +314,7 @@ async fn an_unreachable_workload_cluster_is_reported_while_the_others_converge()
     assert_eq!(reachable.status, "False");
     assert_eq!(reachable.reason, "WorkloadAPIUnreachable", "{reachable:?}");
     assert!(
-        reachable.message.contains("b.workload.test"),
+        reachable.message.contains(&fleet.server_url("b")),
         "{reachable:?}"
     );
     assert!(

@@ -496,9 +496,33 @@ impl ApiServer {
         for dir in rbac_dirs {
             rbac.add_documents(&kinds::yaml_documents(dir)?);
         }
+        let mut store = Store::new(all);
+        // The namespaces every cluster starts with.
+        let ns_kind = store
+            .kinds
+            .iter()
+            .position(|k| k.group.is_empty() && k.resource == "namespaces")
+            .expect("namespaces are a built-in kind");
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            let t = Target {
+                kind: ns_kind,
+                namespace: None,
+                name: None,
+                subresource: None,
+            };
+            let empty = BTreeMap::new();
+            store
+                .create(
+                    &t,
+                    ADMIN,
+                    json!({ "metadata": { "name": ns } }),
+                    &Query(&empty),
+                )
+                .map_err(|e| anyhow::anyhow!("creating namespace {ns}: {}", e.1))?;
+        }
         let inner = Arc::new(Inner {
             name: name.to_string(),
-            store: Mutex::new(Store::new(all)),
+            store: Mutex::new(store),
             rbac: Mutex::new(rbac),
             tokens: Mutex::new(BTreeMap::new()),
             unavailable: Mutex::new(BTreeSet::new()),
