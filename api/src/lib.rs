@@ -5,6 +5,7 @@
 pub mod conditions;
 pub mod template;
 pub mod types;
+pub mod validation;
 pub mod version;
 
 pub use types::*;

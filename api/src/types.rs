@@ -27,6 +27,8 @@ pub struct EtcdConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // RE2 as the API server evaluates it; semver forbids leading zeros.
     #[x_kube(validation = Rule::new("self.matches('^(0|[1-9][0-9]*)[.](0|[1-9][0-9]*)[.](0|[1-9][0-9]*)$')").message("version must be a full semantic version MAJOR.MINOR.PATCH, e.g. 3.5.1"))]
+    // etcdfleet drives etcd 3 only (see version::SUPPORTED_MINORS for the minors).
+    #[x_kube(validation = Rule::new("self.startsWith('3.')").message("version must be an etcd 3 version (3.MINOR.PATCH)"))]
     pub version: Option<String>,
 
     /// Number of voting etcd members: odd, from 1 to 7.
@@ -37,6 +39,8 @@ pub struct EtcdConfig {
     /// Container image repository for etcd; the tag is derived from `version`
     /// (`<repository>:v<version>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Registry host (optional port) and lowercase path, no tag or digest.
+    #[x_kube(validation = Rule::new("self.matches('^([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?([.][a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$')").message("imageRepository must be an image repository without tag, e.g. gcr.io/etcd-development/etcd"))]
     pub image_repository: Option<String>,
 
     /// Namespace in the workload cluster that holds the etcd objects (default `etcd-system`).
@@ -80,6 +84,8 @@ pub struct StorageSpec {
 
     /// Size of each member's volume, e.g. `8Gi`; immutable once set on a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // The schema of a Quantity is int-or-string; only a rule rejects `lots`.
+    #[x_kube(validation = Rule::new("isQuantity(string(self))").message("size must be a quantity such as 8Gi"))]
     pub size: Option<Quantity>,
 }
 
@@ -135,6 +141,8 @@ pub struct EtcdTuning {
     pub quota_backend_bytes: Option<i64>,
     /// `--auto-compaction-retention` (periodic mode), e.g. `1h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // What etcd parses: a number of hours or a Go duration.
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+|([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+)$')").message("autoCompactionRetention must be a number of hours or a duration such as 1h or 30m"))]
     pub auto_compaction_retention: Option<String>,
     /// `--snapshot-count`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -16,9 +16,10 @@ use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use etcdfleet_api::template::{Resolution, ResolveError, resolve};
+use etcdfleet_api::validation::validate_object;
 use etcdfleet_api::version::{VersionChange, VersionRejection, decide, parse_full_version};
 use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, EtcdTemplate, MemberStatus, TemplateKind};
-use kube::ResourceExt;
+use kube::{CustomResourceExt, ResourceExt};
 use serde::Deserialize;
 
 use crate::etcd::{ClusterHealth, Member, MemberObservation, MemberStatus as EtcdMemberStatus};
@@ -28,6 +29,76 @@ use crate::etcdcluster::plan::{
 };
 use crate::etcdcluster::resolve::{REBASE_ANNOTATION, render_inputs, resolve_own_spec};
 use crate::render::{self, Names, RenderInputs, RenderProfile};
+
+/// One YAML document read as the API server reads a JSON body: integers
+/// beyond 64 bits become floats (which the schema then refuses with the
+/// field's path) instead of failing the whole stream; map keys are strings.
+struct JsonDocument(serde_json::Value);
+
+impl<'de> Deserialize<'de> for JsonDocument {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(JsonVisitor).map(JsonDocument)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> serde::de::Visitor<'de> for JsonVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a YAML value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i128<E>(self, v: i128) -> Result<Self::Value, E> {
+        Ok((v as f64).into())
+    }
+    fn visit_u128<E>(self, v: u128) -> Result<Self::Value, E> {
+        Ok((v as f64).into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        // NaN and infinities have no JSON form: null, which no schema accepts.
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(JsonVisitor)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(JsonDocument(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(out.into())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some((JsonDocument(k), JsonDocument(v))) = map.next_entry()? {
+            let key = match k {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            out.insert(key, v);
+        }
+        Ok(out.into())
+    }
+}
 
 /// Bad input files.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +127,56 @@ pub struct Manifests {
     pub cluster_templates: Vec<ClusterEtcdTemplate>,
     /// `kind name` of documents of other kinds, which are skipped.
     pub ignored: Vec<String>,
+    /// Objects of the project's kinds that the API server would refuse; the
+    /// others are still read, so one bad cluster hides nothing.
+    pub invalid: Vec<InvalidObject>,
+}
+
+/// An object that fails the validation of its CRD (schema and CEL rules),
+/// or holds fields its schema does not declare (a misspelling offline).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidObject {
+    pub source_name: String,
+    pub index: usize,
+    /// `EtcdCluster "shop"`.
+    pub object: String,
+    /// One line per field: `spec.replicas: Invalid value: ...`.
+    pub errors: Vec<String>,
+}
+
+impl fmt::Display for InvalidObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: document {}: {} is invalid: {}",
+            self.source_name,
+            self.index,
+            self.object,
+            self.errors.join("; ")
+        )
+    }
+}
+
+/// Checks one object of a project kind as the API server would (its CRD's
+/// schema and CEL rules), and also refuses fields the schema does not declare:
+/// the API server would silently drop them, offline they are misspellings.
+/// Returns one message per offending field, each starting with its path.
+pub fn validate_offline(kind: &str, object: &serde_json::Value) -> Result<(), Vec<String>> {
+    let crd = match kind {
+        "EtcdCluster" => EtcdCluster::crd(),
+        "EtcdTemplate" => EtcdTemplate::crd(),
+        "ClusterEtcdTemplate" => ClusterEtcdTemplate::crd(),
+        other => return Err(vec![format!("kind: {other} is not an etcdfleet kind")]),
+    };
+    match validate_object(&crd, object, None) {
+        Ok(v) if v.unknown_fields.is_empty() => Ok(()),
+        Ok(v) => Err(v
+            .unknown_fields
+            .iter()
+            .map(|f| format!("{f}: unknown field (not in the {kind} schema)"))
+            .collect()),
+        Err(errors) => Err(errors.iter().map(ToString::to_string).collect()),
+    }
 }
 
 impl Manifests {
@@ -77,13 +198,19 @@ impl Manifests {
                 index,
                 message,
             };
-            let value = serde_yaml::Value::deserialize(doc).map_err(|e| err(e.to_string()))?;
-            self.add_value(value).map_err(err)?;
+            let JsonDocument(value) =
+                JsonDocument::deserialize(doc).map_err(|e| err(e.to_string()))?;
+            self.add_value(value, source_name, index).map_err(err)?;
         }
         Ok(())
     }
 
-    fn add_value(&mut self, value: serde_yaml::Value) -> Result<(), String> {
+    fn add_value(
+        &mut self,
+        value: serde_json::Value,
+        source_name: &str,
+        index: usize,
+    ) -> Result<(), String> {
         if value.is_null() {
             return Ok(());
         }
@@ -98,27 +225,39 @@ impl Manifests {
             .and_then(|n| n.as_str())
             .unwrap_or("")
             .to_string();
-        let typed = |e: serde_yaml::Error| format!("{kind} {name:?}: {e}");
+        let typed = |e: serde_json::Error| format!("{kind} {name:?}: {e}");
         match kind.as_str() {
             "List" | "EtcdClusterList" | "EtcdTemplateList" | "ClusterEtcdTemplateList" => {
                 let items = value
                     .get("items")
-                    .and_then(|i| i.as_sequence())
+                    .and_then(|i| i.as_array())
                     .cloned()
                     .unwrap_or_default();
                 for item in items {
-                    self.add_value(item)?;
+                    self.add_value(item, source_name, index)?;
                 }
             }
-            "EtcdCluster" => self
-                .clusters
-                .push(serde_yaml::from_value(value).map_err(typed)?),
-            "EtcdTemplate" => self
-                .templates
-                .push(serde_yaml::from_value(value).map_err(typed)?),
-            "ClusterEtcdTemplate" => self
-                .cluster_templates
-                .push(serde_yaml::from_value(value).map_err(typed)?),
+            "EtcdCluster" | "EtcdTemplate" | "ClusterEtcdTemplate" => {
+                let invalid = |errors: Vec<String>| InvalidObject {
+                    source_name: source_name.to_string(),
+                    index,
+                    object: format!("{kind} {name:?}"),
+                    errors,
+                };
+                let json = value;
+                if let Err(errors) = validate_offline(&kind, &json) {
+                    self.invalid.push(invalid(errors));
+                    return Ok(());
+                }
+                let added = match kind.as_str() {
+                    "EtcdCluster" => serde_json::from_value(json).map(|c| self.clusters.push(c)),
+                    "EtcdTemplate" => serde_json::from_value(json).map(|t| self.templates.push(t)),
+                    _ => serde_json::from_value(json).map(|t| self.cluster_templates.push(t)),
+                };
+                if let Err(e) = added {
+                    self.invalid.push(invalid(vec![typed(e)]));
+                }
+            }
             _ => self.ignored.push(format!("{kind} {name}")),
         }
         Ok(())
@@ -129,6 +268,7 @@ impl Manifests {
         self.templates.extend(other.templates);
         self.cluster_templates.extend(other.cluster_templates);
         self.ignored.extend(other.ignored);
+        self.invalid.extend(other.invalid);
     }
 
     fn cluster_template(&self, name: &str) -> Option<&ClusterEtcdTemplate> {
@@ -377,6 +517,53 @@ pub struct ClusterPlan {
     /// `waiting: …`, `no change`, `blocked: …`).
     pub next: String,
     pub paused: bool,
+}
+
+/// How a cluster's plan counts toward `plan`'s exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PlanOutcome {
+    /// Converged, or paused: the controller would do nothing.
+    NoChange,
+    /// The controller would act or is waiting to (not converged).
+    Changes,
+    /// It cannot proceed: the template does not resolve, the version is
+    /// rejected, or the next step is blocked.
+    Blocked,
+}
+
+/// `plan` exit code when every cluster is converged.
+pub const EXIT_NO_CHANGE: u8 = 0;
+/// `plan` / `render` exit code for input errors: an unreadable file, YAML
+/// that does not parse, an object the API server would refuse.
+pub const EXIT_INPUT_ERROR: u8 = 2;
+/// `plan` exit code when some cluster has changes to make.
+pub const EXIT_CHANGES: u8 = 3;
+/// `plan` exit code when some cluster is rejected or blocked.
+pub const EXIT_BLOCKED: u8 = 4;
+
+/// The exit code of `plan`: input errors first, then blocked, then changes.
+pub fn plan_exit_code(plans: &[ClusterPlan], invalid_inputs: usize) -> u8 {
+    if invalid_inputs > 0 {
+        return EXIT_INPUT_ERROR;
+    }
+    match plans.iter().map(ClusterPlan::outcome).max() {
+        Some(PlanOutcome::Blocked) => EXIT_BLOCKED,
+        Some(PlanOutcome::Changes) => EXIT_CHANGES,
+        Some(PlanOutcome::NoChange) | None => EXIT_NO_CHANGE,
+    }
+}
+
+impl ClusterPlan {
+    pub fn outcome(&self) -> PlanOutcome {
+        let rejected = matches!(self.version, Some(VersionVerdict::Rejected(_)));
+        if self.resolve.is_err() || rejected || self.next.starts_with("blocked") {
+            PlanOutcome::Blocked
+        } else if self.paused || self.next == "no change" {
+            PlanOutcome::NoChange
+        } else {
+            PlanOutcome::Changes
+        }
+    }
 }
 
 impl fmt::Display for ClusterPlan {
@@ -772,16 +959,17 @@ spec:
     }
 
     #[test]
-    fn bad_documents_are_named() {
-        let err = Manifests::parse(
-            "kind: EtcdCluster\nmetadata: {name: a}\nspec: {replicas: three}\n",
+    fn bad_documents_are_named_and_do_not_hide_good_ones() {
+        let m = Manifests::parse(
+            "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: a}\nspec: {clusterRef: {name: a}, replicas: three}\n---\napiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: b}\nspec: {clusterRef: {name: b}, replicas: 3}\n",
             "bad.yaml",
         )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.starts_with("bad.yaml: document 1: EtcdCluster \"a\""),
-            "{err}"
+        .unwrap();
+        assert_eq!(m.clusters.len(), 1, "the good cluster is kept");
+        let err = m.invalid[0].to_string();
+        assert_eq!(
+            err,
+            "bad.yaml: document 1: EtcdCluster \"a\" is invalid: spec.replicas: Invalid value: \"string\": spec.replicas in body must be of type integer: \"string\""
         );
         let err = Manifests::parse("metadata: {name: a}\n", "x.yaml")
             .unwrap_err()
@@ -794,7 +982,7 @@ spec:
         let mut m = Manifests::parse(TEMPLATES, "t.yaml").unwrap();
         m.extend(
             Manifests::parse(
-                "kind: EtcdCluster\nmetadata: {name: shop, namespace: team-pay}\nspec:\n  clusterRef: {name: shop}\n  templateRef: {kind: EtcdTemplate, name: payments}\n  storage: {size: 50Gi}\n",
+                "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: shop, namespace: team-pay}\nspec:\n  clusterRef: {name: shop}\n  templateRef: {kind: EtcdTemplate, name: payments}\n  storage: {size: 50Gi}\n",
                 "c.yaml",
             )
             .unwrap(),
@@ -829,7 +1017,7 @@ spec:
     #[test]
     fn render_errors_name_the_field() {
         let m = Manifests::parse(
-            "kind: EtcdCluster\nmetadata: {name: a, namespace: n}\nspec:\n  clusterRef: {name: a}\n  templateRef: {kind: ClusterEtcdTemplate, name: nope}\n---\nkind: EtcdCluster\nmetadata: {name: b, namespace: n}\nspec: {clusterRef: {name: b}, replicas: 3}\n---\nkind: EtcdCluster\nmetadata: {name: c, namespace: n}\nspec: {clusterRef: {name: c}, version: 3.5.1, replicas: 4}\n",
+            "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: a, namespace: n}\nspec:\n  clusterRef: {name: a}\n  templateRef: {kind: ClusterEtcdTemplate, name: nope}\n---\napiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: b, namespace: n}\nspec: {clusterRef: {name: b}, replicas: 3}\n---\napiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: c, namespace: n}\nspec: {clusterRef: {name: c}, version: 3.5.1, replicas: 4}\n",
             "c.yaml",
         )
         .unwrap();
@@ -844,7 +1032,12 @@ spec:
             errs[0]
         );
         assert!(errs[1].contains("spec.version"), "{}", errs[1]);
-        assert!(errs[2].contains("spec.replicas: 4"), "{}", errs[2]);
+        // An even replica count is refused by the CRD's rule before rendering.
+        let invalid = m.invalid[0].to_string();
+        assert!(
+            invalid.contains("EtcdCluster \"c\" is invalid: spec.replicas: Invalid value"),
+            "{invalid}"
+        );
     }
 
     #[test]
@@ -952,6 +1145,51 @@ spec:
     }
 
     #[test]
+    fn plan_exit_code_prefers_input_errors_then_blocked_then_changes() {
+        let members = [
+            member(0, "3.5.1", true, true),
+            member(1, "3.5.1", false, true),
+            member(2, "3.5.1", false, true),
+        ];
+        let converged = plan(&cluster(
+            "  version: 3.5.1\n  replicas: 3\n",
+            "3.5.1",
+            &members,
+        ));
+        let scaling = plan(&cluster(
+            "  version: 3.5.1\n  replicas: 5\n",
+            "3.5.1",
+            &members,
+        ));
+        let rejected = plan(&cluster(
+            "  version: 3.4.0\n  replicas: 3\n",
+            "3.5.1",
+            &members,
+        ));
+        let paused = plan(&cluster(
+            "  version: 3.5.1\n  replicas: 5\n  paused: true\n",
+            "3.5.1",
+            &members,
+        ));
+        assert_eq!(converged[0].outcome(), PlanOutcome::NoChange);
+        assert_eq!(scaling[0].outcome(), PlanOutcome::Changes);
+        assert_eq!(rejected[0].outcome(), PlanOutcome::Blocked);
+        assert_eq!(paused[0].outcome(), PlanOutcome::NoChange);
+        let all: Vec<ClusterPlan> = [&converged, &scaling, &rejected]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        assert_eq!(plan_exit_code(&converged, 0), EXIT_NO_CHANGE);
+        assert_eq!(
+            plan_exit_code(&[converged[0].clone(), scaling[0].clone()], 0),
+            EXIT_CHANGES
+        );
+        assert_eq!(plan_exit_code(&all, 0), EXIT_BLOCKED);
+        assert_eq!(plan_exit_code(&all, 1), EXIT_INPUT_ERROR);
+    }
+
+    #[test]
     fn plan_converged_is_no_change() {
         let members = [
             member(0, "3.5.1", true, true),
@@ -1009,7 +1247,7 @@ spec:
     #[test]
     fn plan_reports_resolve_errors() {
         let p = &plan(
-            "kind: EtcdCluster\nmetadata: {name: x, namespace: team-pay}\nspec:\n  clusterRef: {name: x}\n  templateRef: {kind: EtcdTemplate, name: missing}\n",
+            "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: x, namespace: team-pay}\nspec:\n  clusterRef: {name: x}\n  templateRef: {kind: EtcdTemplate, name: missing}\n",
         )[0];
         assert_eq!(p.resolve.as_ref().unwrap_err().0, "TemplateNotFound");
         assert!(
@@ -1022,7 +1260,7 @@ spec:
     #[test]
     fn plan_new_cluster_bootstraps() {
         let p = &plan(
-            "kind: EtcdCluster\nmetadata: {name: x, namespace: team-pay}\nspec:\n  clusterRef: {name: x}\n  templateRef: {kind: EtcdTemplate, name: payments}\n",
+            "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: x, namespace: team-pay}\nspec:\n  clusterRef: {name: x}\n  templateRef: {kind: EtcdTemplate, name: payments}\n",
         )[0];
         assert!(
             p.version
@@ -1038,7 +1276,7 @@ spec:
     #[test]
     fn plan_materialized_cluster_ignores_templates() {
         let p = &plan(
-            "kind: EtcdCluster\nmetadata: {name: x, namespace: team-pay}\nspec:\n  clusterRef: {name: x}\n  templateRef: {kind: EtcdTemplate, name: gone}\n  version: 3.5.1\n  replicas: 1\nstatus:\n  template: {kind: EtcdTemplate, name: gone}\n",
+            "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {name: x, namespace: team-pay}\nspec:\n  clusterRef: {name: x}\n  templateRef: {kind: EtcdTemplate, name: gone}\n  version: 3.5.1\n  replicas: 1\nstatus:\n  template: {kind: EtcdTemplate, name: gone}\n",
         )[0];
         assert_eq!(p.resolve, Ok(ResolutionBasis::Materialized));
     }

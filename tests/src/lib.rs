@@ -5,3 +5,4 @@ pub mod etcd_harness;
 pub mod fleet;
 pub mod runtime;
 pub mod scenario;
+pub mod ssa;

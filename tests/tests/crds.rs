@@ -312,8 +312,19 @@ fn cel_replicas_odd_between_1_and_7() {
 }
 
 #[test]
+fn cel_version_must_be_etcd_3() {
+    for bad in ["4.0.0", "10.20.30", "2.3.8"] {
+        let msg = messages(with_ref(&format!("  version: '{bad}'\n")).validate_cel());
+        assert!(
+            msg.contains("version must be an etcd 3 version"),
+            "{bad:?}: {msg:?}"
+        );
+    }
+}
+
+#[test]
 fn cel_version_must_be_full_semver() {
-    for ok in ["3.5.1", "3.4.23", "3.6.0", "10.20.30"] {
+    for ok in ["3.5.1", "3.4.23", "3.6.0", "3.10.20"] {
         let result = with_ref(&format!("  version: '{ok}'\n")).validate_cel();
         assert!(result.is_ok(), "{ok}: {}", messages(result));
     }

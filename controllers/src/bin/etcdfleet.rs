@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use etcdfleet_api::EtcdCluster;
-use etcdfleet_controllers::cli::{Manifests, plan_all, render_cluster};
+use etcdfleet_controllers::cli::{
+    EXIT_INPUT_ERROR, Manifests, plan_all, plan_exit_code, render_cluster,
+};
 use etcdfleet_controllers::config::{ControllerConfig, LogFormat, Overrides};
 use etcdfleet_controllers::connector::{
     ConnectorSettings, KubeconfigClientFactory, WorkloadClusterConnector,
@@ -48,6 +50,12 @@ enum Command {
     /// Run the controller.
     Run(RunArgs),
     /// Resolve an EtcdCluster against templates and print what would be written.
+    ///
+    /// Every object is first validated as the API server would (CRD schema
+    /// and CEL rules; unknown fields are errors offline). Exit code 2 when any
+    /// input is invalid or a cluster does not resolve; the valid clusters are
+    /// still rendered.
+    #[command(verbatim_doc_comment)]
     Render {
         /// File with the EtcdCluster(s).
         #[arg(long)]
@@ -60,6 +68,15 @@ enum Command {
         cluster_templates: Vec<PathBuf>,
     },
     /// Print what the controller would do next for each EtcdCluster, and why.
+    ///
+    /// Every object is first validated as the API server would (CRD schema
+    /// and CEL rules; unknown fields are errors offline). Exit codes, for CI:
+    /// 0 every cluster converged (or paused); 3 some cluster has changes to
+    /// make; 4 some cluster is rejected or blocked (template does not resolve,
+    /// version rejected, step blocked); 2 input errors (unreadable file, bad
+    /// YAML, an object the API server would refuse). Valid clusters are
+    /// planned and printed even when others are invalid.
+    #[command(verbatim_doc_comment)]
     Plan {
         /// Multi-document YAML of EtcdClusters (with status) and templates.
         #[arg(short = 'f', long = "filename", required = true)]
@@ -134,33 +151,47 @@ fn read_manifests(paths: &[PathBuf]) -> Result<Manifests, String> {
 }
 
 fn render(cluster: &PathBuf, templates: &[PathBuf], cluster_templates: &[PathBuf]) -> ExitCode {
-    let result = (|| {
+    let read = || -> Result<(Manifests, Manifests), String> {
         let clusters = read_manifests(std::slice::from_ref(cluster))?;
-        if clusters.clusters.is_empty() {
-            return Err(format!("{}: no EtcdCluster found", cluster.display()));
-        }
         let mut templates = read_manifests(templates)?;
         templates.extend(read_manifests(cluster_templates)?);
-        let mut out = String::new();
-        for c in &clusters.clusters {
-            out.push_str(
-                &render_cluster(c, &templates)
-                    .map_err(|e| e.to_string())?
-                    .to_string(),
-            );
-        }
-        Ok(out)
-    })();
-    match result {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
+        Ok((clusters, templates))
+    };
+    let (clusters, templates) = match read() {
+        Ok(m) => m,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(2)
+            return ExitCode::from(EXIT_INPUT_ERROR);
+        }
+    };
+    let mut failed = report_invalid(&clusters) + report_invalid(&templates);
+    if clusters.clusters.is_empty() && failed == 0 {
+        eprintln!("error: {}: no EtcdCluster found", cluster.display());
+        return ExitCode::from(EXIT_INPUT_ERROR);
+    }
+    // One cluster that does not resolve does not hide the others.
+    for c in &clusters.clusters {
+        match render_cluster(c, &templates) {
+            Ok(report) => print!("{report}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                failed += 1;
+            }
         }
     }
+    if failed > 0 {
+        ExitCode::from(EXIT_INPUT_ERROR)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Prints each invalid object on stderr; returns how many there were.
+fn report_invalid(manifests: &Manifests) -> usize {
+    for invalid in &manifests.invalid {
+        eprintln!("error: {invalid}");
+    }
+    manifests.invalid.len()
 }
 
 fn plan(files: &[PathBuf], grace_seconds: u64) -> ExitCode {
@@ -168,12 +199,13 @@ fn plan(files: &[PathBuf], grace_seconds: u64) -> ExitCode {
         Ok(m) => m,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(EXIT_INPUT_ERROR);
         }
     };
-    if manifests.clusters.is_empty() {
+    let invalid = report_invalid(&manifests);
+    if manifests.clusters.is_empty() && invalid == 0 {
         eprintln!("error: no EtcdCluster in the given files");
-        return ExitCode::from(2);
+        return ExitCode::from(EXIT_INPUT_ERROR);
     }
     let plans = plan_all(
         &manifests,
@@ -186,7 +218,7 @@ fn plan(files: &[PathBuf], grace_seconds: u64) -> ExitCode {
         }
         print!("{p}");
     }
-    ExitCode::SUCCESS
+    ExitCode::from(plan_exit_code(&plans, invalid))
 }
 
 fn init_tracing(format: LogFormat) {
