@@ -1,32 +1,29 @@
-//! Stand-in for `etcdfleet_api::validation` (the CRD schema and CEL
-//! validator another branch writes): until it is merged, custom resources
-//! are accepted as sent. The server calls it on every create, update,
-//! patch and apply of a custom resource, main resource and status alike.
+//! CRD validation of the test API server: the project's validator
+//! (`etcdfleet_api::validation`: the served version's openAPIV3Schema, every
+//! CEL rule including transition rules, unknown fields pruned), called on
+//! every create, update, patch and apply of a custom resource, main resource
+//! and status alike.
 
+use etcdfleet_api::validation::{self, FieldError};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value;
 
 use super::kinds::Kind;
 
-/// One refused field.
-pub struct FieldError {
-    pub field: String,
-    pub reason: String,
-    pub message: String,
-}
-
 /// Validates `obj` (and, for updates, its transition from `old`) against
 /// the CRD; returns the object with unknown fields pruned.
-pub fn validate(_crd: &Value, obj: &Value, _old: Option<&Value>) -> Result<Value, Vec<FieldError>> {
-    Ok(obj.clone())
+pub fn validate(crd: &Value, obj: &Value, old: Option<&Value>) -> Result<Value, Vec<FieldError>> {
+    let crd: CustomResourceDefinition = serde_json::from_value(crd.clone()).map_err(|e| {
+        vec![FieldError {
+            field: String::new(),
+            reason: "FieldValueInvalid".into(),
+            message: format!("the served CRD does not parse: {e}"),
+        }]
+    })?;
+    validation::validate_object(&crd, obj, old).map(|v| v.object)
 }
 
 /// The API server's 422 Status.
 pub fn invalid_status(kind: &Kind, name: &str, errors: &[FieldError]) -> Value {
-    let causes: Vec<(String, String, String)> = errors
-        .iter()
-        .map(|e| (e.field.clone(), e.reason.clone(), e.message.clone()))
-        .collect();
-    match super::store::invalid(kind, name, &causes) {
-        super::store::ApiError(_, body) => body,
-    }
+    validation::invalid_status(&kind.kind, &kind.group, name, errors)
 }
