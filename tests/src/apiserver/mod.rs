@@ -20,7 +20,6 @@ pub mod patch;
 pub mod rbac;
 pub mod selectors;
 mod serve;
-pub mod ssa_fallback;
 pub mod store;
 pub mod validation_fallback;
 
