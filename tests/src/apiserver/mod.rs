@@ -14,6 +14,7 @@
 //! the same way. Requests of the [`ADMIN`] identity (tests, the workload
 //! runtime) bypass RBAC and are not recorded.
 
+pub mod crd_validation;
 pub mod immutable;
 pub mod kinds;
 pub mod patch;
@@ -21,7 +22,6 @@ pub mod rbac;
 pub mod selectors;
 mod serve;
 pub mod store;
-pub mod validation_fallback;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
