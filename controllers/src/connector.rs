@@ -165,6 +165,11 @@ impl WorkloadClientFactory for KubeconfigClientFactory {
             .map_err(|e| e.to_string())?;
             config.connect_timeout = Some(self.connect_timeout);
             config.read_timeout = Some(self.read_timeout);
+            // kube's default retry answers a 503/429/504 with up to 15
+            // retries on a doubling backoff (minutes in all), stalling the
+            // reconcile of a cluster whose API is down; the connector's own
+            // per-cluster backoff handles an unavailable workload API.
+            config.default_retry = false;
             Client::try_from(config).map_err(|e| e.to_string())
         })
     }

@@ -1,60 +1,61 @@
-//! The test world of the end-to-end suites: one fake management API and
-//! several fake workload clusters, each with a [`WorkloadRuntime`] running
-//! its etcd pods as real processes.
+//! The test world of the end-to-end suites: one management API server and
+//! several workload clusters, each with its own API server
+//! ([`crate::apiserver`], served in-process and over HTTPS) and a
+//! [`WorkloadRuntime`] running its etcd pods as real processes.
 //!
-//! The fleet owns how the controller reaches everything:
-//! - [`FleetClientFactory`] maps a workload API server URL (from the real
-//!   kubeconfig Secret `<name>-kubeconfig` in the test namespace) onto that
-//!   workload's fake API;
+//! The API servers enforce what a real one enforces where the controller
+//! depends on it (RBAC from the shipped `config/rbac` and
+//! `config/workload-rbac`, server-side apply, immutable fields,
+//! preconditions, watch). The fleet owns how the controller reaches
+//! everything:
+//! - [`management`](Fleet::management) is the controller's identity (the
+//!   ServiceAccount the shipped ClusterRoleBinding names): RBAC enforced;
+//! - each workload's kubeconfig Secret `<name>-kubeconfig` points at that
+//!   workload's HTTPS URL with a token of [`WORKLOAD_USER`] (bound by the
+//!   shipped `config/workload-rbac`), and [`FleetClientFactory`] builds the
+//!   client from it the way the controller does in production
+//!   (`KubeconfigClientFactory`);
 //! - [`FleetDialer`] maps an etcd member's advertised URL onto its pod IP,
 //!   through the names of the matching workload runtime;
-//! - an **operation recorder** sits at the HTTP layer of the clients the
-//!   controller uses (the [`management`](Fleet::management) client and the
-//!   clients the factory returns), so tests can assert exactly which API
-//!   calls a reconcile made (e.g. no Secret list/watch, zero writes in steady
-//!   state). It is an HTTP wrapper rather than kube-fake-client interceptors
-//!   because interceptors see neither the resource of a get/list/delete nor
-//!   the difference between a list and a watch.
+//! - every request of a non-admin identity is **recorded** server-side, so
+//!   tests can assert exactly which API calls a reconcile made (e.g. no
+//!   Secret list/watch, zero writes in steady state);
 //! - fault injection: [`set_unreachable`](Fleet::set_unreachable) makes the
-//!   controller's calls to a workload API fail with `503 ServiceUnavailable`
+//!   controller's calls to a workload API answer `503 ServiceUnavailable`
 //!   (the runtime keeps running: kubelets do not need the management
 //!   network); [`break_kubeconfig`](Fleet::break_kubeconfig) corrupts,
 //!   replaces with an exec-plugin config, or deletes a kubeconfig Secret.
 //!
-//! Tests read and write with the unrecorded clients
+//! Tests read and write as the admin
 //! ([`management_direct`](Fleet::management_direct),
-//! [`workload_client`](Fleet::workload_client)) so their own calls never
-//! show up among the controller's operations.
+//! [`workload_client`](Fleet::workload_client)): no RBAC, not recorded.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
-use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, EtcdTemplate};
-use etcdfleet_controllers::connector::WorkloadClientFactory;
-use etcdfleet_controllers::connector::WorkloadCluster;
+use etcdfleet_controllers::connector::{
+    KubeconfigClientFactory, WorkloadClientFactory, WorkloadCluster,
+};
 use etcdfleet_controllers::dialer::EtcdDialer;
 use etcdfleet_controllers::etcd::{EtcdStream, Transport};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, Service,
-};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::client::Body;
 use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
-use kube_fake_client::ClientBuilder;
 use serde_json::{Value, json};
 
+use crate::apiserver::{ApiServer, CONTROLLER_USER};
 use crate::runtime::{BackgroundSync, ImageTable, WorkloadRuntime};
+
+/// The namespace of the controller's ServiceAccount and leader Lease.
+pub const CONTROLLER_NAMESPACE: &str = "etcdfleet-system";
 
 /// The management namespace tests use unless they pick another.
 pub const DEFAULT_NAMESPACE: &str = "team-a";
@@ -237,116 +238,6 @@ impl OpRecorder {
     }
 }
 
-/// A `kube::Client` that records every request into `recorder` and, while
-/// `outage` is set, answers `503 ServiceUnavailable` instead of forwarding.
-fn recorded_client(
-    cluster: &str,
-    inner: Client,
-    recorder: OpRecorder,
-    outage: Arc<AtomicBool>,
-) -> Client {
-    let cluster = cluster.to_string();
-    let service = tower::service_fn(move |request: http::Request<Body>| {
-        let (inner, recorder, cluster, outage) = (
-            inner.clone(),
-            recorder.clone(),
-            cluster.clone(),
-            outage.clone(),
-        );
-        async move {
-            let (parts, body) = request.into_parts();
-            let bytes = body.collect_bytes().await?;
-            let rejected = outage.load(Ordering::SeqCst);
-            recorder.push(ApiOp::from_request(&cluster, &parts, &bytes, rejected));
-            if rejected {
-                return Ok(service_unavailable(&cluster));
-            }
-            inner
-                .send(http::Request::from_parts(parts, Body::from(bytes.to_vec())))
-                .await
-        }
-    });
-    Client::new(service, "default")
-}
-
-/// Cluster-scoped custom resources of the management API, as
-/// `(group, version, plural)`.
-const CLUSTER_SCOPED_CRDS: [(&str, &str, &str); 1] =
-    [("etcdfleet.dev", "v1alpha1", "clusteretcdtemplates")];
-
-/// The namespace the fake API keeps cluster-scoped custom resources in.
-const CLUSTER_SCOPE_NAMESPACE: &str = "fleet-cluster-scope";
-
-/// kube-fake-client registers every custom resource as namespaced, so it
-/// refuses `ClusterEtcdTemplate`s at their cluster-scoped paths. This
-/// wrapper serves them there as an API server would: requests to
-/// `/apis/<group>/<version>/<plural>[/...]` go to a hidden namespace of the
-/// fake API, and `metadata.namespace` is removed from what comes back.
-fn cluster_scoped_crds(inner: Client) -> Client {
-    let service = tower::service_fn(move |request: http::Request<Body>| {
-        let inner = inner.clone();
-        async move {
-            let (mut parts, body) = request.into_parts();
-            let path = parts.uri.path().to_string();
-            let rewritten = CLUSTER_SCOPED_CRDS.iter().find_map(|(g, v, plural)| {
-                let prefix = format!("/apis/{g}/{v}/{plural}");
-                let rest = path.strip_prefix(&prefix)?;
-                (rest.is_empty() || rest.starts_with('/')).then(|| {
-                    format!("/apis/{g}/{v}/namespaces/{CLUSTER_SCOPE_NAMESPACE}/{plural}{rest}")
-                })
-            });
-            let Some(new_path) = rewritten else {
-                return inner.send(http::Request::from_parts(parts, body)).await;
-            };
-            let path_and_query = match parts.uri.query() {
-                Some(q) => format!("{new_path}?{q}"),
-                None => new_path,
-            };
-            parts.uri = path_and_query
-                .parse()
-                .expect("a rewritten path of a valid URI is valid");
-            let response = inner.send(http::Request::from_parts(parts, body)).await?;
-            let (parts, body) = response.into_parts();
-            let bytes = body.collect_bytes().await?;
-            let bytes = match serde_json::from_slice::<Value>(&bytes) {
-                Ok(mut value) => {
-                    let strip = |o: &mut Value| {
-                        if let Some(meta) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-                            meta.remove("namespace");
-                        }
-                    };
-                    if let Some(items) = value.get_mut("items").and_then(Value::as_array_mut) {
-                        items.iter_mut().for_each(strip);
-                    } else if value.get("kind").and_then(Value::as_str) != Some("Status") {
-                        strip(&mut value);
-                    }
-                    value.to_string().into_bytes()
-                }
-                Err(_) => bytes.to_vec(),
-            };
-            Ok(http::Response::from_parts(parts, Body::from(bytes)))
-        }
-    });
-    Client::new(service, "default")
-}
-
-fn service_unavailable(cluster: &str) -> http::Response<Body> {
-    let status = json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": format!("the server is currently unable to handle the request (injected outage of {cluster})"),
-        "reason": "ServiceUnavailable",
-        "code": 503,
-    });
-    http::Response::builder()
-        .status(http::StatusCode::SERVICE_UNAVAILABLE)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Body::from(status.to_string().into_bytes()))
-        .expect("static response")
-}
-
 /// How [`Fleet::break_kubeconfig`] breaks a kubeconfig Secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KubeconfigFault {
@@ -359,38 +250,26 @@ pub enum KubeconfigFault {
 }
 
 struct Workload {
+    api: ApiServer,
     server: String,
     kubeconfig: String,
     direct: Client,
     recorded: Client,
     runtime: Arc<WorkloadRuntime>,
-    outage: Arc<AtomicBool>,
 }
+
+/// The identity of the workload kubeconfigs the fleet hands the controller;
+/// `config/workload-rbac` binds it.
+pub const WORKLOAD_USER: &str = "etcdfleet-controller";
 
 /// A management cluster and its workload clusters. See the module docs.
 pub struct Fleet {
     namespace: String,
+    management_api: ApiServer,
     management_direct: Client,
     management: Client,
     workloads: BTreeMap<String, Workload>,
     recorder: OpRecorder,
-}
-
-/// The workload API server URL of workload cluster `name`.
-pub fn server_url_for(name: &str) -> String {
-    format!("https://{name}.workload.test:6443")
-}
-
-fn random_hex() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    format!("{:016x}", h.finish())
 }
 
 pub(crate) fn base64(bytes: &[u8]) -> String {
@@ -399,36 +278,6 @@ pub(crate) fn base64(bytes: &[u8]) -> String {
         Ok(Value::String(s)) => s,
         _ => unreachable!("ByteString serializes to a string"),
     }
-}
-
-/// A real kubeconfig for workload `name`: token user, inline CA data.
-fn kubeconfig_yaml(name: &str, server: &str) -> Result<String> {
-    let ca = rcgen::generate_simple_self_signed(vec![format!("{name}.workload.test")])?;
-    let ca_data = base64(ca.cert.pem().as_bytes());
-    let token = random_hex();
-    let text = format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: {name}
-  cluster:
-    server: {server}
-    certificate-authority-data: {ca_data}
-users:
-- name: {name}-admin
-  user:
-    token: {token}
-contexts:
-- name: {name}-admin@{name}
-  context:
-    cluster: {name}
-    user: {name}-admin
-current-context: {name}-admin@{name}
-"
-    );
-    // Keep the fixture honest: it must parse as a kubeconfig.
-    Kubeconfig::from_yaml(&text).context("the generated kubeconfig does not parse")?;
-    Ok(text)
 }
 
 fn exec_plugin_kubeconfig(name: &str, server: &str) -> String {
@@ -458,142 +307,6 @@ current-context: {name}
     )
 }
 
-/// Stands in for `EtcdCluster` where kube-fake-client wants a `Default`
-/// instance only to learn the group/version/kind (status subresource).
-#[derive(serde::Serialize)]
-pub struct EtcdClusterKind {
-    #[serde(rename = "apiVersion")]
-    api_version: String,
-    kind: String,
-    #[serde(skip)]
-    metadata: ObjectMeta,
-}
-
-impl Default for EtcdClusterKind {
-    fn default() -> Self {
-        EtcdClusterKind {
-            api_version: <EtcdCluster as kube::Resource>::api_version(&()).into_owned(),
-            kind: <EtcdCluster as kube::Resource>::kind(&()).into_owned(),
-            metadata: ObjectMeta::default(),
-        }
-    }
-}
-
-impl kube::Resource for EtcdClusterKind {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
-        EtcdCluster::kind(dt)
-    }
-    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
-        EtcdCluster::group(dt)
-    }
-    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
-        EtcdCluster::version(dt)
-    }
-    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
-        EtcdCluster::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-/// [`EtcdClusterKind`] for any custom resource (backups register their
-/// status subresource through it).
-#[derive(serde::Serialize)]
-pub struct KindOf<K> {
-    #[serde(rename = "apiVersion")]
-    api_version: String,
-    kind: String,
-    #[serde(skip)]
-    metadata: ObjectMeta,
-    #[serde(skip)]
-    _kind: std::marker::PhantomData<K>,
-}
-
-impl<K: kube::Resource<DynamicType = ()>> Default for KindOf<K> {
-    fn default() -> Self {
-        KindOf {
-            api_version: K::api_version(&()).into_owned(),
-            kind: K::kind(&()).into_owned(),
-            metadata: ObjectMeta::default(),
-            _kind: std::marker::PhantomData,
-        }
-    }
-}
-
-impl<K: kube::Resource<DynamicType = ()>> kube::Resource for KindOf<K> {
-    type DynamicType = ();
-    type Scope = K::Scope;
-
-    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
-        K::kind(dt)
-    }
-    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
-        K::group(dt)
-    }
-    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
-        K::version(dt)
-    }
-    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
-        K::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-async fn management_api(namespace: &str) -> Result<Client> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(namespace.to_string()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Ok(ClientBuilder::new()
-        .with_resource::<EtcdCluster>()
-        .with_status_subresource::<EtcdClusterKind>()
-        .with_resource::<EtcdTemplate>()
-        .with_resource::<ClusterEtcdTemplate>()
-        .with_resource::<etcdfleet_api::EtcdBackup>()
-        .with_status_subresource::<KindOf<etcdfleet_api::EtcdBackup>>()
-        .with_resource::<etcdfleet_api::EtcdBackupSchedule>()
-        .with_status_subresource::<KindOf<etcdfleet_api::EtcdBackupSchedule>>()
-        .with_resource::<Secret>()
-        .with_resource::<k8s_openapi::api::events::v1::Event>()
-        .with_resource::<k8s_openapi::api::core::v1::Event>()
-        .with_resource::<Lease>()
-        .with_resource::<Namespace>()
-        .with_object(ns)
-        .build()
-        .await?)
-}
-
-async fn workload_api() -> Result<Client> {
-    Ok(ClientBuilder::new()
-        .with_resource::<StatefulSet>()
-        .with_status_subresource::<StatefulSet>()
-        .with_resource::<Pod>()
-        .with_status_subresource::<Pod>()
-        .with_resource::<PersistentVolumeClaim>()
-        .with_resource::<Service>()
-        .with_resource::<ConfigMap>()
-        .with_resource::<Secret>()
-        .with_resource::<PodDisruptionBudget>()
-        .with_resource::<Namespace>()
-        .build()
-        .await?)
-}
-
 impl Fleet {
     /// A fleet in namespace [`DEFAULT_NAMESPACE`] with the installed etcd images.
     pub async fn new(workload_names: &[&str]) -> Result<Fleet> {
@@ -603,47 +316,60 @@ impl Fleet {
     /// A fleet whose kubeconfig Secrets live in `namespace`.
     pub async fn with_namespace(namespace: &str, workload_names: &[&str]) -> Result<Fleet> {
         let recorder = OpRecorder::default();
-        let management_direct = cluster_scoped_crds(management_api(namespace).await?);
-        let management = recorded_client(
-            MANAGEMENT,
-            management_direct.clone(),
-            recorder.clone(),
-            Arc::new(AtomicBool::new(false)),
-        );
+        let management_api = ApiServer::management().await?;
+        management_api.set_recorder(recorder.clone());
+        let management_direct = management_api.admin_client();
+        for ns in [namespace, CONTROLLER_NAMESPACE] {
+            create_namespace(&management_direct, ns).await?;
+        }
+        let management = management_api.client_as(CONTROLLER_USER);
         let mut fleet = Fleet {
             namespace: namespace.to_string(),
+            management_api,
             management_direct,
             management,
             workloads: BTreeMap::new(),
             recorder,
         };
         for &name in workload_names {
-            let server = server_url_for(name);
-            let direct =
-                crate::namespaces::ClusterScopedStore::default().in_front_of(workload_api().await?);
-            let outage = Arc::new(AtomicBool::new(false));
-            let recorded =
-                recorded_client(name, direct.clone(), fleet.recorder.clone(), outage.clone());
+            let api = ApiServer::workload(name).await?;
+            api.set_recorder(fleet.recorder.clone());
+            let server = api.url();
+            let direct = api.admin_client();
+            let recorded = api.client_as(WORKLOAD_USER);
             let runtime = Arc::new(WorkloadRuntime::try_new(
                 &server,
                 direct.clone(),
                 ImageTable::installed(),
             )?);
-            let kubeconfig = kubeconfig_yaml(name, &server)?;
+            let kubeconfig = api.kubeconfig(&api.issue_token(WORKLOAD_USER));
+            // Keep the fixture honest: it must parse as a kubeconfig.
+            Kubeconfig::from_yaml(&kubeconfig)
+                .context("the generated kubeconfig does not parse")?;
             fleet.workloads.insert(
                 name.to_string(),
                 Workload {
+                    api,
                     server,
                     kubeconfig: kubeconfig.clone(),
                     direct,
                     recorded,
                     runtime,
-                    outage,
                 },
             );
             fleet.put_kubeconfig(name, &kubeconfig).await?;
         }
         Ok(fleet)
+    }
+
+    /// The management API server itself (tokens, watch history, ...).
+    pub fn management_api(&self) -> &ApiServer {
+        &self.management_api
+    }
+
+    /// Workload cluster `name`'s API server itself.
+    pub fn workload_api(&self, name: &str) -> &ApiServer {
+        &self.workload(name).api
     }
 
     fn workload(&self, name: &str) -> &Workload {
@@ -657,12 +383,14 @@ impl Fleet {
         &self.namespace
     }
 
-    /// The management API as the controller sees it (recorded).
+    /// The management API as the controller sees it: its ServiceAccount,
+    /// RBAC enforced, recorded.
     pub fn management(&self) -> Client {
         self.management.clone()
     }
 
-    /// The management API without recording, for test setup and assertions.
+    /// The management API as the admin (no RBAC, not recorded), for test
+    /// setup and assertions.
     pub fn management_direct(&self) -> Client {
         self.management_direct.clone()
     }
@@ -673,8 +401,9 @@ impl Fleet {
         self.workload(name).direct.clone()
     }
 
-    /// Workload cluster `name`'s API as the controller sees it: recorded, and
-    /// failing while [`set_unreachable`](Self::set_unreachable).
+    /// Workload cluster `name`'s API as the controller sees it: its
+    /// kubeconfig identity (RBAC enforced), recorded, and failing while
+    /// [`set_unreachable`](Self::set_unreachable).
     pub fn controller_workload_client(&self, name: &str) -> Client {
         self.workload(name).recorded.clone()
     }
@@ -708,12 +437,8 @@ impl Fleet {
 
     pub fn client_factory(&self) -> Arc<FleetClientFactory> {
         Arc::new(FleetClientFactory {
-            clients: Arc::new(
-                self.workloads
-                    .values()
-                    .map(|w| (w.server.clone(), w.recorded.clone()))
-                    .collect(),
-            ),
+            inner: KubeconfigClientFactory::default(),
+            servers: self.workloads.values().map(|w| w.server.clone()).collect(),
         })
     }
 
@@ -754,8 +479,8 @@ impl Fleet {
     /// Makes every controller call to workload `name`'s API fail with 503.
     pub fn set_unreachable(&self, name: &str, unreachable: bool) {
         self.workload(name)
-            .outage
-            .store(unreachable, Ordering::SeqCst);
+            .api
+            .set_unavailable(WORKLOAD_USER, unreachable);
     }
 
     /// Breaks the kubeconfig Secret of workload `name`.
@@ -879,25 +604,50 @@ impl Fleet {
     }
 }
 
-/// Builds workload clients by server URL from the fleet's fake APIs.
+/// Builds workload clients from the kubeconfig Secrets exactly as the
+/// controller does in production ([`KubeconfigClientFactory`]): over HTTPS to
+/// the workload's API server, with the kubeconfig's CA and token.
 pub struct FleetClientFactory {
-    clients: Arc<BTreeMap<String, Client>>,
+    inner: KubeconfigClientFactory,
+    /// The fleet's workload API URLs: a kubeconfig naming another server is
+    /// refused (it would reach nothing of this test world).
+    servers: Vec<String>,
 }
 
 impl WorkloadClientFactory for FleetClientFactory {
     fn build<'a>(
         &'a self,
-        _kubeconfig: &'a Kubeconfig,
+        kubeconfig: &'a Kubeconfig,
         server: &'a str,
     ) -> BoxFuture<'a, Result<Client, String>> {
-        Box::pin(async move {
-            self.clients.get(server).cloned().ok_or_else(|| {
-                format!(
-                    "no workload cluster of the test fleet serves {server:?} (known: {})",
-                    self.clients.keys().cloned().collect::<Vec<_>>().join(", ")
-                )
-            })
-        })
+        if !self.servers.iter().any(|s| s == server) {
+            let known = self.servers.join(", ");
+            return Box::pin(async move {
+                Err(format!(
+                    "no workload cluster of the test fleet serves {server:?} (known: {known})"
+                ))
+            });
+        }
+        self.inner.build(kubeconfig, server)
+    }
+}
+
+/// Creates namespace `name` as the admin.
+async fn create_namespace(admin: &Client, name: &str) -> Result<()> {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

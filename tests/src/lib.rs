@@ -4,7 +4,6 @@ pub mod demo;
 pub mod driver;
 pub mod etcd_harness;
 pub mod fleet;
-pub mod namespaces;
 pub mod otlp;
 pub mod portforward;
 pub mod runtime;

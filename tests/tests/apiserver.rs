@@ -65,22 +65,26 @@ fn statefulset(name: &str) -> StatefulSet {
 }
 
 #[tokio::test]
-async fn rbac_denies_a_secret_patch_the_shipped_cluster_role_lacks_with_the_real_403() {
+async fn rbac_denies_a_secret_delete_the_shipped_cluster_role_lacks_with_the_real_403() {
     let server = server_with_namespace("team-a").await;
     let admin: Api<Secret> = Api::namespaced(server.admin_client(), "team-a");
     let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap();
     admin.create(&PostParams::default(), &secret).await.unwrap();
 
     let controller: Api<Secret> = Api::namespaced(server.client_as(CONTROLLER_USER), "team-a");
-    // get is granted by config/rbac/cluster_role.yaml ...
+    // get and patch (PKI renewal) are granted by config/rbac/cluster_role.yaml ...
     controller.get("x").await.expect("get is allowed");
-    // ... list is not (the controller never lists Secrets).
+    let patch = json!({"data": {"k": ByteString(b"v".to_vec())}});
+    controller
+        .patch("x", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch is allowed");
+    // ... list is not (the controller never lists Secrets), nor is delete.
     let err = api_error(controller.list(&Default::default()).await.unwrap_err());
     assert_eq!(err.code, 403);
-    let patch = json!({"data": {"k": ByteString(b"v".to_vec())}});
     let err = api_error(
         controller
-            .patch("x", &PatchParams::default(), &Patch::Merge(&patch))
+            .delete("x", &DeleteParams::default())
             .await
             .unwrap_err(),
     );
@@ -89,7 +93,7 @@ async fn rbac_denies_a_secret_patch_the_shipped_cluster_role_lacks_with_the_real
     assert_eq!(
         err.message,
         "secrets \"x\" is forbidden: User \"system:serviceaccount:etcdfleet-system:etcdfleet-controller\" \
-         cannot patch resource \"secrets\" in API group \"\" in the namespace \"team-a\""
+         cannot delete resource \"secrets\" in API group \"\" in the namespace \"team-a\""
     );
 }
 
@@ -557,4 +561,50 @@ async fn cluster_scoped_custom_resources_are_served_at_cluster_paths() {
     api.create(&PostParams::default(), &t).await.unwrap();
     let got = api.get("platform").await.unwrap();
     assert_eq!(got.metadata.namespace, None);
+}
+
+#[tokio::test]
+async fn a_cel_transition_rule_refuses_a_storage_change_with_the_real_422() {
+    let server = server_with_namespace("team-a").await;
+    let api: Api<EtcdCluster> = Api::namespaced(server.client_as(CONTROLLER_USER), "team-a");
+    let admin: Api<EtcdCluster> = Api::namespaced(server.admin_client(), "team-a");
+    admin
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(cluster("c")).unwrap(),
+        )
+        .await
+        .unwrap();
+    // An update is validated against the old object: `oldSelf` in the rule.
+    let err = api_error(
+        api.patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"storage": {"size": "2Gi"}}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(err.code, 422);
+    assert_eq!(err.reason, "Invalid");
+    assert!(
+        err.message
+            .starts_with("EtcdCluster.etcdfleet.dev \"c\" is invalid: ")
+            && err.message.contains("storage.size is immutable once set"),
+        "{}",
+        err.message
+    );
+    // A schema violation on create is a 422 too (replicas must be odd).
+    let mut even = cluster("even");
+    even["spec"]["replicas"] = json!(4);
+    let err = api_error(
+        admin
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(even).unwrap(),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 422, "{}", err.message);
 }

@@ -60,7 +60,7 @@ async fn clients_are_cached_per_secret_version_and_rebuilt_on_rotation() -> Resu
     let fleet = Fleet::new(&["a", "b"]).await?;
     let (conn, factory) = connector(&fleet, ConnectorSettings::default());
     let a = conn.connect(&location(&fleet, "a")).await?;
-    assert_eq!(a.server, "https://a.workload.test:6443");
+    assert_eq!(a.server, fleet.server_url("a"));
     conn.connect(&location(&fleet, "a")).await?;
     conn.connect(&location(&fleet, "b")).await?;
     assert_eq!(
@@ -70,8 +70,12 @@ async fn clients_are_cached_per_secret_version_and_rebuilt_on_rotation() -> Resu
     );
     assert_eq!(conn.cached(), 2);
 
-    // Rotation: a new resourceVersion of the Secret rebuilds the client.
-    fleet.put_kubeconfig("a", &fleet.kubeconfig("a")).await?;
+    // Rotation (a new token): a new resourceVersion of the Secret rebuilds
+    // the client. (Writing the same content again is a no-op on a real API
+    // server: no new resourceVersion.)
+    let api = fleet.workload_api("a");
+    let rotated = api.kubeconfig(&api.issue_token(etcdfleet_tests::fleet::WORKLOAD_USER));
+    fleet.put_kubeconfig("a", &rotated).await?;
     conn.connect(&location(&fleet, "a")).await?;
     assert_eq!(factory.builds.load(Ordering::SeqCst), 3);
 

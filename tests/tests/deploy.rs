@@ -190,9 +190,10 @@ fn assert_controller_grants(role: &Value) {
             "etcdbackupschedules/status",
             &["patch", "update"],
         ),
-        // Secrets: get by name and create; never list/watch (no credential
+        // Secrets: get by name, create the PKI Secret, patch it to renew the
+        // controller's client certificate; never list/watch (no credential
         // cache), never update/delete.
-        ("", "secrets", &["create", "get"]),
+        ("", "secrets", &["create", "get", "patch"]),
         ("events.k8s.io", "events", &["create", "patch"]),
         ("", "events", &["create", "patch"]),
     ]
@@ -210,7 +211,12 @@ fn assert_controller_grants(role: &Value) {
 #[test]
 fn controller_rbac_is_least_privilege_in_both_modes() {
     let docs = documents();
-    let cluster_roles = of_kind(&docs, "ClusterRole");
+    // The management cluster's roles (config/workload-rbac holds the one the
+    // kubeconfig identity needs in workload clusters, enforced by the test API).
+    let cluster_roles: Vec<_> = of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .filter(|(path, _)| !path.components().any(|c| c.as_os_str() == "workload-rbac"))
+        .collect();
     let named = |name: &str| {
         cluster_roles
             .iter()
@@ -267,9 +273,13 @@ fn controller_rbac_is_least_privilege_in_both_modes() {
     );
     assert_eq!(grants_of(&lease.1).len(), 1);
 
-    // Bindings point at the controller's ServiceAccount.
+    // Management bindings point at the controller's ServiceAccount (the
+    // workload binding names the kubeconfig's user instead).
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
-        for (_, b) in of_kind(&docs, kind) {
+        for (_, b) in of_kind(&docs, kind)
+            .into_iter()
+            .filter(|(path, _)| !path.components().any(|c| c.as_os_str() == "workload-rbac"))
+        {
             let subject = &b["subjects"][0];
             assert_eq!(subject["kind"].as_str(), Some("ServiceAccount"));
             assert_eq!(subject["name"].as_str(), Some("etcdfleet-controller"));

@@ -249,8 +249,8 @@ async fn a_wiped_member_is_replaced_without_losing_an_acknowledged_write() -> Re
         min_ready.load(Ordering::SeqCst) >= 2,
         "a quorum of 2 stayed healthy throughout"
     );
-    // Deletes carry UID and resourceVersion preconditions (kube-fake-client
-    // ignores them, so the recorded request bodies are what proves they are sent).
+    // Deletes carry UID and resourceVersion preconditions (the test API
+    // server enforces them; the recorded request bodies prove they are sent).
     let deletes: Vec<_> = fleet
         .ops()
         .into_iter()
@@ -334,7 +334,7 @@ async fn an_unreachable_workload_cluster_is_reported_while_the_others_converge()
     assert_eq!(reachable.status, "False");
     assert_eq!(reachable.reason, "WorkloadAPIUnreachable", "{reachable:?}");
     assert!(
-        reachable.message.contains("b.workload.test"),
+        reachable.message.contains(&fleet.server_url("b")),
         "{reachable:?}"
     );
     assert!(
@@ -444,8 +444,8 @@ async fn deleting_a_cluster_removes_workload_objects_but_keeps_the_pvcs() -> Res
             .unwrap()
             .contains(&"etcdfleet.dev/cleanup".to_string())
     );
-    // kube-fake-client deletes at once (no deletionTimestamp): hand the
-    // reconciler the object as the API server would show it during deletion.
+    // Hand the reconciler the object as the API server shows it during
+    // deletion (deletionTimestamp set, finalizer still there).
     let mut deleting = c.clone();
     deleting.metadata.deletion_timestamp = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),

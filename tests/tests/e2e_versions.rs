@@ -499,3 +499,86 @@ async fn a_controller_upgrade_changes_nothing_until_a_cr_changes() -> Result<()>
     assert!(render::carried_hash(&b_sts.metadata).is_some());
     Ok(())
 }
+
+/// With real server-side apply, a field manager's apply that omits a field it
+/// applied before removes it. A second materialization pass (the first one's
+/// status write was lost) must keep what the first wrote; a rebase removes
+/// exactly the values the template no longer supplies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_materialization_keeps_the_written_fields_and_a_rebase_removes_only_dropped_ones()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = controller(&fleet);
+    let templates: Api<ClusterEtcdTemplate> = Api::all(fleet.management_direct());
+    templates
+        .create(
+            &PostParams::default(),
+            &base_template("v1", 10000, "gold", "1Gi"),
+        )
+        .await?;
+    create(&fleet, &from_template("twice")).await?;
+    converge_all(&fleet, &mut ctl, &["twice"]).await?;
+
+    // The record of the materialization is lost: the next pass materializes again.
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    api.patch_status(
+        "twice",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "status": { "template": null } })),
+    )
+    .await?;
+    converge_all(&fleet, &mut ctl, &["twice"]).await?;
+    let again = get(&fleet, "twice").await?;
+    let config = &again.spec.config;
+    assert_eq!(config.version.as_deref(), Some("3.5.1"), "{config:?}");
+    assert_eq!(config.replicas, Some(1));
+    assert_eq!(
+        config.etcd.as_ref().and_then(|e| e.snapshot_count),
+        Some(10000)
+    );
+    assert_eq!(
+        config.storage.as_ref().and_then(|s| s.size.clone()),
+        Some(Quantity("1Gi".into()))
+    );
+
+    // The template drops its pod labels; a rebase removes them and only them.
+    let mut edited = templates.get("base").await?;
+    edited.spec = base_template("v2", 5000, "unused", "2Gi").spec;
+    edited.spec.config.pod_template = None;
+    templates
+        .replace("base", &PostParams::default(), &edited)
+        .await?;
+    api.patch(
+        "twice",
+        &PatchParams::default(),
+        &Patch::Merge(
+            &serde_json::json!({ "metadata": { "annotations": { REBASE_ANNOTATION: "true" } } }),
+        ),
+    )
+    .await?;
+    converge_all(&fleet, &mut ctl, &["twice"]).await?;
+    let rebased = get(&fleet, "twice").await?;
+    let config = &rebased.spec.config;
+    assert!(
+        config
+            .pod_template
+            .as_ref()
+            .and_then(|p| p.labels.as_ref())
+            .is_none_or(|l| !l.contains_key("tier")),
+        "a value the template no longer supplies is removed: {config:?}"
+    );
+    assert_eq!(
+        config.etcd.as_ref().and_then(|e| e.snapshot_count),
+        Some(5000)
+    );
+    assert_eq!(config.version.as_deref(), Some("3.5.1"));
+    assert_eq!(
+        config.storage.as_ref().and_then(|s| s.size.clone()),
+        Some(Quantity("1Gi".into())),
+        "storage is immutable: kept"
+    );
+    Ok(())
+}

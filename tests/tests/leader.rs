@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use etcdfleet_controllers::config::LeaderElectionConfig;
 use etcdfleet_controllers::leader::{Attempt, LeaderElector, LeaseLost};
+use etcdfleet_tests::apiserver::{ApiServer, CONTROLLER_USER};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, PostParams};
-use kube_fake_client::ClientBuilder;
 
 fn config() -> LeaderElectionConfig {
     LeaderElectionConfig {
@@ -22,12 +22,19 @@ fn config() -> LeaderElectionConfig {
     }
 }
 
+/// The controller's client of a management API server with the shipped RBAC
+/// (the leader-election Role grants get/create/update of Leases in
+/// etcdfleet-system only).
 async fn client() -> Client {
-    ClientBuilder::new()
-        .with_resource::<Lease>()
-        .build()
+    let server = ApiServer::management().await.unwrap();
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "etcdfleet-system"}}))
+            .unwrap();
+    Api::all(server.admin_client())
+        .create(&Default::default(), &ns)
         .await
-        .unwrap()
+        .unwrap();
+    server.client_as(CONTROLLER_USER)
 }
 
 async fn holder(client: &Client) -> Option<String> {

@@ -495,7 +495,8 @@ async fn recorder_sees_the_controller_calls_and_outages_fail_them() -> Result<()
     let fleet = Fleet::new(&["alpha", "beta"]).await?;
     let ns = fleet.namespace().to_string();
 
-    // The factory maps the kubeconfig's server onto the fake API.
+    // The factory builds a client from the kubeconfig, over HTTPS to the
+    // workload's API server.
     let secret = Api::<Secret>::namespaced(fleet.management(), &ns)
         .get("alpha-kubeconfig")
         .await?;
@@ -506,7 +507,7 @@ async fn recorder_sees_the_controller_calls_and_outages_fail_them() -> Result<()
         key: "value".into(),
     };
     let (kubeconfig, server) = check_kubeconfig(&location, &text)?;
-    assert_eq!(server, "https://alpha.workload.test:6443");
+    assert_eq!(server, fleet.server_url("alpha"));
     let factory = fleet.client_factory();
     use etcdfleet_controllers::connector::WorkloadClientFactory;
     let alpha = factory
@@ -564,9 +565,16 @@ async fn recorder_sees_the_controller_calls_and_outages_fail_them() -> Result<()
     );
     assert_eq!(fleet.writes().len(), 1);
     assert!(fleet.secret_lists_or_watches().is_empty());
-    Api::<Secret>::namespaced(fleet.management(), &ns)
+    // The shipped ClusterRole does not grant it (403), and the attempt is
+    // recorded all the same.
+    let denied = Api::<Secret>::namespaced(fleet.management(), &ns)
         .list(&ListParams::default())
-        .await?;
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&denied, kube::Error::Api(s) if s.code == 403),
+        "{denied:?}"
+    );
     assert_eq!(fleet.secret_lists_or_watches().len(), 1);
     fleet.clear_ops();
     assert!(fleet.ops().is_empty());

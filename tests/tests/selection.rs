@@ -4,8 +4,7 @@
 //! management API; each writes (finalizer, status) only its own clusters and
 //! makes no API call at all about the other's.
 
-use etcdfleet_tests::fleet::EtcdClusterKind;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use etcdfleet_api::{EtcdCluster, EtcdClusterSpec};
 use etcdfleet_controllers::config::ControllerConfig;
@@ -17,103 +16,18 @@ use etcdfleet_controllers::etcdcluster::{
     Context, FINALIZER, Outcome, ReconcilerSettings, reconcile_cluster,
 };
 use etcdfleet_controllers::metrics::Metrics;
-use k8s_openapi::api::core::v1::Secret;
+use etcdfleet_tests::apiserver::{ApiServer, CONTROLLER_USER};
+use etcdfleet_tests::fleet::OpRecorder;
+use kube::api::PostParams;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
-use kube_fake_client::{ClientBuilder, interceptor};
 
-/// One API call the fake management API saw: verb, namespace, object name.
+/// One API call the management API server saw: verb, namespace, object name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Call {
-    verb: &'static str,
+    verb: String,
     namespace: String,
     name: String,
-}
-
-type Calls = Arc<Mutex<Vec<Call>>>;
-
-fn name_of(object: &serde_json::Value) -> String {
-    object["metadata"]["name"]
-        .as_str()
-        .or_else(|| object["metadata"]["generateName"].as_str())
-        .unwrap_or("")
-        .to_string()
-}
-
-/// Interceptors that record every call and let it through.
-fn recorder(calls: &Calls) -> interceptor::Funcs {
-    let rec = |calls: &Calls| {
-        let calls = calls.clone();
-        move |verb: &'static str, namespace: &str, name: String| {
-            calls.lock().unwrap().push(Call {
-                verb,
-                namespace: namespace.to_string(),
-                name,
-            });
-        }
-    };
-    let (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11) = (
-        rec(calls),
-        rec(calls),
-        rec(calls),
-        rec(calls),
-        rec(calls),
-        rec(calls),
-        rec(calls),
-        rec(calls),
-        rec(calls),
-        rec(calls),
-        rec(calls),
-    );
-    interceptor::Funcs::new()
-        .get(move |ctx| {
-            c1("get", ctx.namespace, ctx.name.to_string());
-            Ok(None)
-        })
-        .list(move |ctx| {
-            c2("list", ctx.namespace.unwrap_or(""), String::new());
-            Ok(None)
-        })
-        .create(move |ctx| {
-            c3("create", ctx.namespace, name_of(ctx.object));
-            Ok(None)
-        })
-        .update(move |ctx| {
-            c4("update", ctx.namespace, name_of(ctx.object));
-            Ok(None)
-        })
-        .replace(move |ctx| {
-            c5("replace", ctx.namespace, ctx.name.to_string());
-            Ok(None)
-        })
-        .patch(move |ctx| {
-            c6("patch", ctx.namespace, ctx.name.to_string());
-            Ok(None)
-        })
-        .delete(move |ctx| {
-            c7("delete", ctx.namespace, ctx.name.to_string());
-            Ok(None)
-        })
-        .get_status(move |ctx| {
-            c8("get_status", ctx.namespace, ctx.name.to_string());
-            Ok(None)
-        })
-        .patch_status(move |ctx| {
-            c9("patch_status", ctx.namespace, ctx.name.to_string());
-            Ok(None)
-        })
-        .replace_status(move |ctx| {
-            c10("replace_status", ctx.namespace, ctx.name.to_string());
-            Ok(None)
-        })
-        .delete_collection(move |ctx| {
-            c11(
-                "delete_collection",
-                ctx.namespace.unwrap_or(""),
-                String::new(),
-            );
-            Ok(None)
-        })
 }
 
 fn cluster(name: &str, namespace: &str, stage: &str) -> EtcdCluster {
@@ -177,7 +91,7 @@ fn about(call: &Call, name: &str) -> bool {
 async fn reconcile_all(
     client: &Client,
     ctx: &Context,
-    calls: &Calls,
+    calls: &OpRecorder,
 ) -> Vec<(String, Outcome, Vec<Call>)> {
     let all: Vec<EtcdCluster> = Api::<EtcdCluster>::all(client.clone())
         .list(&ListParams::default())
@@ -187,11 +101,19 @@ async fn reconcile_all(
     assert_eq!(all.len(), 4);
     let mut out = Vec::new();
     for c in all {
-        calls.lock().unwrap().clear();
+        calls.clear();
         let outcome = reconcile_cluster(&c, ctx)
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", c.name_any()));
-        let made = std::mem::take(&mut *calls.lock().unwrap());
+        let made = calls
+            .ops()
+            .into_iter()
+            .map(|op| Call {
+                verb: op.verb,
+                namespace: op.namespace.unwrap_or_default(),
+                name: op.name.unwrap_or_default(),
+            })
+            .collect();
         out.push((c.name_any(), outcome, made));
     }
     out
@@ -210,21 +132,32 @@ fn touched(c: &EtcdCluster) -> bool {
 
 #[tokio::test]
 async fn disjoint_selectors_reconcile_disjoint_clusters() {
-    let calls: Calls = Arc::default();
-    let client = ClientBuilder::new()
-        .with_resource::<EtcdCluster>()
-        .with_status_subresource::<EtcdClusterKind>()
-        .with_resource::<Secret>()
-        .with_resource::<k8s_openapi::api::events::v1::Event>()
-        .with_resource::<k8s_openapi::api::core::v1::Event>()
-        .with_object(cluster("dev-a", "team-a", "dev"))
-        .with_object(cluster("prod-a", "team-a", "prod"))
-        .with_object(cluster("dev-b", "team-b", "dev"))
-        .with_object(cluster("prod-b", "team-b", "prod"))
-        .with_interceptor_funcs(recorder(&calls))
-        .build()
-        .await
-        .unwrap();
+    // The management API server with the shipped RBAC; the controllers run
+    // as the controller's ServiceAccount and every call they make is recorded.
+    let server = ApiServer::management().await.unwrap();
+    let admin = server.admin_client();
+    for ns in ["team-a", "team-b"] {
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
+        Api::all(admin.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    for c in [
+        cluster("dev-a", "team-a", "dev"),
+        cluster("prod-a", "team-a", "prod"),
+        cluster("dev-b", "team-b", "dev"),
+        cluster("prod-b", "team-b", "prod"),
+    ] {
+        Api::<EtcdCluster>::namespaced(admin.clone(), &c.namespace().unwrap())
+            .create(&PostParams::default(), &c)
+            .await
+            .unwrap();
+    }
+    let calls = OpRecorder::default();
+    server.set_recorder(calls.clone());
+    let client = server.client_as(CONTROLLER_USER);
     let namespace_of = |name: &str| {
         if name.ends_with("-a") {
             "team-a"
@@ -266,7 +199,7 @@ async fn disjoint_selectors_reconcile_disjoint_clusters() {
                         !call.name.starts_with(other),
                         "{stage} touched {other}'s object while reconciling {name}: {call:?}"
                     );
-                    if WRITES.contains(&call.verb) {
+                    if WRITES.contains(&call.verb.as_str()) {
                         assert!(
                             about(call, &name) || call.name.is_empty(),
                             "{stage} wrote something unrelated to {name}: {call:?}"

@@ -144,8 +144,7 @@ pub async fn resolve_cluster(
             }
         };
         let values = materialize(&spec, &resolution);
-        (resource_version, recorded) =
-            write_materialized(cluster, ctx, &values, rebase, &spec).await?;
+        (resource_version, recorded) = write_materialized(cluster, ctx, &values, rebase).await?;
         report.advance_resource_version(resource_version.clone());
         report.template_applied(ct.as_ref(), t.as_ref(), &resolution);
         // Continue with the spec as now written.
@@ -418,6 +417,25 @@ fn merge_json(base: &mut serde_json::Value, add: &serde_json::Value) {
     }
 }
 
+/// The leaves of `from` at the paths `shape` has (objects recursed).
+fn pick(from: &serde_json::Value, shape: &serde_json::Value) -> serde_json::Value {
+    let (Some(f), Some(sh)) = (from.as_object(), shape.as_object()) else {
+        return from.clone();
+    };
+    let mut out = serde_json::Map::new();
+    for (key, sub) in sh {
+        if let Some(value) = f.get(key) {
+            let picked = if sub.is_object() && value.is_object() {
+                pick(value, sub)
+            } else {
+                value.clone()
+            };
+            out.insert(key.clone(), picked);
+        }
+    }
+    serde_json::Value::Object(out)
+}
+
 /// Writes the template values into the cluster's spec by server-side apply
 /// with this controller's field manager, and records them for a later rebase.
 async fn write_materialized(
@@ -425,7 +443,6 @@ async fn write_materialized(
     ctx: &Context,
     values: &EtcdConfig,
     rebase: bool,
-    rebased: &EtcdClusterSpec,
 ) -> Result<(Option<String>, serde_json::Value)> {
     let api: Api<EtcdCluster> = Api::namespaced(
         ctx.management.clone(),
@@ -436,19 +453,36 @@ async fn write_materialized(
         .get(MATERIALIZED_ANNOTATION)
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_else(|| serde_json::json!({}));
+    let values_json = to_json(values).map_err(Error::Invalid)?;
     let mut recorded = if rebase {
-        serde_json::json!({})
+        // Storage is never rebased (immutable once set): it stays recorded.
+        match previous.get("storage") {
+            Some(storage) => serde_json::json!({ "storage": storage }),
+            None => serde_json::json!({}),
+        }
     } else {
         previous
     };
-    merge_json(&mut recorded, &to_json(values).map_err(Error::Invalid)?);
-    let mut spec = to_json(values).map_err(Error::Invalid)?;
-    if rebase {
-        // A rebase replaces values the template wrote before: apply the whole
-        // rebased config so this field manager owns exactly what it wrote.
-        spec = to_json(&merge_config(&rebased.config, values).map_err(Error::Invalid)?)
-            .map_err(Error::Invalid)?;
+    merge_json(&mut recorded, &values_json);
+    // Server-side apply: this field manager owns exactly what it applies, and
+    // a field it applied before and omits now is REMOVED. So every apply
+    // carries the whole set the controller owns: what it wrote before plus
+    // the new values (a second pass must not drop the first pass's fields);
+    // on a rebase, the rebased values (plus the immutable storage), so the
+    // values the template no longer supplies are removed and nothing else.
+    // Fields the user edited since are owned by the user's manager and stay:
+    // what was written before is applied with its CURRENT value, so the
+    // (forced) apply never overwrites such an edit.
+    let current = to_json(&cluster.spec.config).map_err(Error::Invalid)?;
+    let mut spec = if rebase {
+        serde_json::json!({})
+    } else {
+        pick(&current, &recorded)
+    };
+    if rebase && let Some(storage) = current.get("storage") {
+        spec["storage"] = storage.clone();
     }
+    merge_json(&mut spec, &values_json);
     let apply = serde_json::json!({
         "apiVersion": "etcdfleet.dev/v1alpha1",
         "kind": "EtcdCluster",

@@ -14,15 +14,14 @@
 //! the same way. Requests of the [`ADMIN`] identity (tests, the workload
 //! runtime) bypass RBAC and are not recorded.
 
+pub mod crd_validation;
 pub mod immutable;
 pub mod kinds;
 pub mod patch;
 pub mod rbac;
 pub mod selectors;
 mod serve;
-pub mod ssa_fallback;
 pub mod store;
-pub mod validation_fallback;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
@@ -496,9 +495,33 @@ impl ApiServer {
         for dir in rbac_dirs {
             rbac.add_documents(&kinds::yaml_documents(dir)?);
         }
+        let mut store = Store::new(all);
+        // The namespaces every cluster starts with.
+        let ns_kind = store
+            .kinds
+            .iter()
+            .position(|k| k.group.is_empty() && k.resource == "namespaces")
+            .expect("namespaces are a built-in kind");
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            let t = Target {
+                kind: ns_kind,
+                namespace: None,
+                name: None,
+                subresource: None,
+            };
+            let empty = BTreeMap::new();
+            store
+                .create(
+                    &t,
+                    ADMIN,
+                    json!({ "metadata": { "name": ns } }),
+                    &Query(&empty),
+                )
+                .map_err(|e| anyhow::anyhow!("creating namespace {ns}: {}", e.1))?;
+        }
         let inner = Arc::new(Inner {
             name: name.to_string(),
-            store: Mutex::new(Store::new(all)),
+            store: Mutex::new(store),
             rbac: Mutex::new(rbac),
             tokens: Mutex::new(BTreeMap::new()),
             unavailable: Mutex::new(BTreeSet::new()),
@@ -512,11 +535,16 @@ impl ApiServer {
         })
     }
 
-    /// A management API server: the shipped `config/rbac`.
+    /// A management API server with the shipped RBAC of the all-namespaces
+    /// mode: what every install gets (`config/rbac`: ServiceAccount, Lease
+    /// Role, ClusterEtcdTemplate reader) plus `config/rbac/all-namespaces`.
+    /// The namespaced mode (`config/rbac/namespace`, one Role per watched
+    /// namespace) grants the same rules (tests/tests/deploy.rs checks that).
     pub async fn management() -> Result<ApiServer> {
+        let rbac = kinds::config_dir().join("rbac");
         Self::start(
             crate::fleet::MANAGEMENT,
-            &[&kinds::config_dir().join("rbac")],
+            &[&rbac, &rbac.join("all-namespaces")],
         )
         .await
     }

@@ -7,12 +7,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::{Value, json};
 
+use super::crd_validation as validation;
 use super::immutable;
 use super::kinds::Kind;
 use super::patch::{self, PatchType};
 use super::selectors::{FieldSelector, LabelSelector};
-use super::ssa_fallback as ssa;
-use super::validation_fallback as validation;
+use crate::ssa;
 
 /// An error answer: HTTP code and the Status body.
 #[derive(Debug, Clone)]
