@@ -419,14 +419,18 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
     let mut died = false;
     tokio::select! {
         ended = loops.join_next() => {
-            let why = match ended {
-                Some(Err(e)) if e.is_panic() => "an EtcdCluster controller panicked".to_string(),
-                _ => "an EtcdCluster controller stopped on its own".to_string(),
-            };
-            error!(reason = %why, "controller loop died; exiting");
-            health.set_dead(why);
-            shutdown.request();
-            died = true;
+            // A loop that ends because shutdown was just asked for (both
+            // branches ready at once) has not died.
+            if !shutdown.is_requested() {
+                let why = match ended {
+                    Some(Err(e)) if e.is_panic() => "a controller loop panicked".to_string(),
+                    _ => "a controller loop stopped on its own".to_string(),
+                };
+                error!(reason = %why, "controller loop died; exiting");
+                health.set_dead(why);
+                shutdown.request();
+                died = true;
+            }
         }
         () = shutdown.wait() => {}
     }

@@ -79,6 +79,12 @@ async fn same_name_in_two_namespaces_conflicts_and_never_overwrites_or_deletes_t
     put(&fleet, "a", "etcd", 1, "team-a-data").await?;
 
     // team-b: same name, same workload cluster, its own kubeconfig Secret.
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(fleet.management_direct())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({ "metadata": { "name": "team-b" } }))?,
+        )
+        .await?;
     let secrets: Api<Secret> = Api::namespaced(fleet.management_direct(), NS);
     let mut kubeconfig = secrets.get(&Fleet::kubeconfig_secret_name("a")).await?;
     kubeconfig.metadata = kube::api::ObjectMeta {
@@ -167,6 +173,7 @@ async fn a_moved_identity_is_refused_before_any_workload_call() -> Result<()> {
 
     // An API server without the CEL rules (CRDs of an older release) lets
     // these edits through; the recorded identity does not.
+    fleet.management_api().set_crd_transition_rules(false);
     for edit in [
         serde_json::json!({ "workloadNamespace": "elsewhere" }),
         serde_json::json!({ "tls": { "enabled": false } }),
@@ -245,6 +252,7 @@ async fn built_in_defaults_are_materialized_and_a_storage_change_is_refused() ->
     assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
     assert!(fleet.writes().is_empty(), "{:#?}", fleet.writes());
 
+    fleet.management_api().set_crd_transition_rules(false);
     // A storage size change (past an API server without the CEL rules) is
     // refused: the StatefulSet's claim templates cannot take it.
     patch_spec(

@@ -656,6 +656,17 @@ current-context: {name}
         }
     }
 
+    /// Serves CRDs as an older release did, without their transition rules
+    /// (`enabled: false`): how tests reach the controller's own defence
+    /// against edits that today's CRDs refuse (identity, storage).
+    pub fn set_crd_transition_rules(&self, enabled: bool) {
+        self.inner
+            .store
+            .lock()
+            .expect("store lock")
+            .transition_rules = enabled;
+    }
+
     /// Serves `pods/<name>/portforward` upgrades with `handler`.
     pub fn set_portforward_handler(&self, handler: UpgradeHandler) {
         *self.inner.portforward.lock().expect("lock") = Some(handler);

@@ -126,6 +126,9 @@ pub struct Store {
     /// Notified on every change (watches wake up and read the history).
     pub changed: tokio::sync::watch::Sender<u64>,
     next_ip: u32,
+    /// Off: updates are validated without transition rules (`oldSelf`), as
+    /// by an API server still serving CRDs of a release that lacked them.
+    pub transition_rules: bool,
 }
 
 fn now() -> String {
@@ -213,6 +216,7 @@ impl Store {
             compacted: 0,
             changed: tokio::sync::watch::channel(1).0,
             next_ip: 10,
+            transition_rules: true,
         }
     }
 
@@ -347,6 +351,7 @@ impl Store {
         let Some(crd) = &kind.crd else {
             return Ok(obj);
         };
+        let old = if self.transition_rules { old } else { None };
         validation::validate(crd, &obj, old)
             .map_err(|errors| ApiError(422, validation::invalid_status(kind, name, &errors)))
     }
