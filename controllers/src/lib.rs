@@ -13,3 +13,13 @@ pub mod pki;
 pub mod render;
 pub mod runner;
 pub mod telemetry;
+
+/// Parameters of the controller's non-apply patches: every write names the
+/// controller's field manager, so `managedFields` on a real API server shows
+/// who set a field (the default would be the client's generic name).
+pub fn controller_patch_params() -> kube::api::PatchParams {
+    kube::api::PatchParams {
+        field_manager: Some(etcdfleet_api::FIELD_MANAGER.to_string()),
+        ..Default::default()
+    }
+}

@@ -19,7 +19,7 @@ use etcdfleet_api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
@@ -374,7 +374,7 @@ async fn write(
     }
     api.patch_status(
         &schedule.name_any(),
-        &PatchParams::default(),
+        &crate::controller_patch_params(),
         &Patch::Merge(&serde_json::json!({ "status": patch })),
     )
     .await

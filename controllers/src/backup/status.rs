@@ -8,7 +8,7 @@ use etcdfleet_api::{EtcdBackup, EtcdBackupStatus, EtcdCluster};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
@@ -37,7 +37,7 @@ async fn write(ctx: &Context, backup: &EtcdBackup, new: &EtcdBackupStatus) -> Re
     );
     api.patch_status(
         &backup.name_any(),
-        &PatchParams::default(),
+        &crate::controller_patch_params(),
         &Patch::Merge(&serde_json::json!({ "status": patch })),
     )
     .await

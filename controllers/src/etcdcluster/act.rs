@@ -98,7 +98,7 @@ pub async fn execute(
             Api::<StatefulSet>::namespaced(client, ns)
                 .patch(
                     &names.statefulset(),
-                    &PatchParams::default(),
+                    &crate::controller_patch_params(),
                     &Patch::Merge(&patch),
                 )
                 .await
@@ -112,7 +112,7 @@ pub async fn execute(
             Api::<PersistentVolumeClaim>::namespaced(client, ns)
                 .patch(
                     &names.pvc(*ordinal),
-                    &PatchParams::default(),
+                    &crate::controller_patch_params(),
                     &Patch::Merge(&patch),
                 )
                 .await
@@ -303,7 +303,7 @@ async fn record_admitted_image(
     });
     api.patch(
         &stored.name_any(),
-        &PatchParams::default(),
+        &crate::controller_patch_params(),
         &Patch::Merge(&patch),
     )
     .await
@@ -522,7 +522,7 @@ async fn renew_client_identity(
     )
     .patch(
         &names.pki_secret(),
-        &PatchParams::default(),
+        &crate::controller_patch_params(),
         &Patch::Merge(&patch),
     )
     .await
@@ -667,7 +667,7 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
     match api
         .patch(
             &cluster.name_any(),
-            &PatchParams::default(),
+            &crate::controller_patch_params(),
             &Patch::Merge(&patch),
         )
         .await

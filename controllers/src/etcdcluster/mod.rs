@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use etcdfleet_api::EtcdCluster;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
@@ -431,7 +431,7 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
         let patched = api
             .patch(
                 &cluster.name_any(),
-                &PatchParams::default(),
+                &crate::controller_patch_params(),
                 &Patch::Merge(&patch),
             )
             .await

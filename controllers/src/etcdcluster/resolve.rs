@@ -332,7 +332,7 @@ async fn write_defaults(
     let written = api
         .patch(
             &cluster.name_any(),
-            &PatchParams::default(),
+            &crate::controller_patch_params(),
             &Patch::Merge(&patch),
         )
         .await
@@ -504,7 +504,7 @@ async fn write_materialized(
     let written = api
         .patch(
             &cluster.name_any(),
-            &PatchParams::default(),
+            &crate::controller_patch_params(),
             &Patch::Merge(&merge),
         )
         .await

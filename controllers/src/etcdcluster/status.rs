@@ -16,7 +16,7 @@ use etcdfleet_api::{
     AppliedTemplate, ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdTemplate,
     MemberStatus, OperationStatus,
 };
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::{Resource, ResourceExt};
 
 use super::observe::Observed;
@@ -458,9 +458,13 @@ impl Report {
             }
             None => serde_json::json!({ "status": self.new }),
         };
-        api.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(Error::ManagementApi)?;
+        api.patch_status(
+            &self.name,
+            &crate::controller_patch_params(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::ManagementApi)?;
         Ok(true)
     }
 }
