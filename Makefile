@@ -16,11 +16,12 @@ rust-tools:
 # process, so a test's etcd processes never outlive it. The crates have no doc tests.
 test: tools rust-tools
 	cargo nextest run --workspace --all-targets --no-fail-fast
+	ETCDFLEET_DIALER=portForward cargo nextest run --workspace --test e2e_lifecycle --test e2e_versions --no-fail-fast
 
 # The lifecycle and version suites with the controller reaching etcd only
 # through pods/portforward tunnels (the production default dialer).
 test-portforward: tools rust-tools
-	ETCDFLEET_DIALER=portForward cargo nextest run -p etcdfleet-tests --test e2e_lifecycle --test e2e_versions --test portforward --no-fail-fast
+	ETCDFLEET_DIALER=portForward cargo nextest run --workspace --test e2e_lifecycle --test e2e_versions --test portforward --no-fail-fast
 
 lint:
 	cargo fmt --all -- --check

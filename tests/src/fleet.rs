@@ -15,8 +15,12 @@
 //!   shipped `config/workload-rbac`), and [`FleetClientFactory`] builds the
 //!   client from it the way the controller does in production
 //!   (`KubeconfigClientFactory`);
-//! - [`FleetDialer`] maps an etcd member's advertised URL onto its pod IP,
-//!   through the names of the matching workload runtime;
+//! - each workload API serves `pods/<pod>/portforward` (RBAC enforced,
+//!   recorded), bridged to the pod in its runtime, so the production
+//!   [`PortForwardDialer`](etcdfleet_controllers::dialer::PortForwardDialer)
+//!   reaches etcd through the workload API exactly as in a real fleet;
+//!   [`FleetDialer`] is the `direct` alternative: it maps an etcd member's
+//!   advertised URL onto its pod IP, through the names of the runtime;
 //! - every request of a non-admin identity is **recorded** server-side, so
 //!   tests can assert exactly which API calls a reconcile made (e.g. no
 //!   Secret list/watch, zero writes in steady state);
@@ -52,6 +56,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::apiserver::{ApiServer, CONTROLLER_USER};
+use crate::portforward::PortForwardServer;
 use crate::runtime::{BackgroundSync, ImageTable, WorkloadRuntime};
 
 /// The namespace of the controller's ServiceAccount and leader Lease.
@@ -256,6 +261,9 @@ struct Workload {
     direct: Client,
     recorded: Client,
     runtime: Arc<WorkloadRuntime>,
+    /// Serves `pods/<pod>/portforward` on this workload's API server,
+    /// bridged to the runtime's pods (what the kubelet does).
+    portforward: Arc<PortForwardServer>,
 }
 
 /// The identity of the workload kubeconfigs the fleet hands the controller;
@@ -342,6 +350,9 @@ impl Fleet {
                 direct.clone(),
                 ImageTable::installed(),
             )?);
+            // The production dialer reaches members through this API server.
+            let portforward = PortForwardServer::for_runtime(Arc::downgrade(&runtime));
+            api.set_portforward_handler(portforward.handler());
             let kubeconfig = api.kubeconfig(&api.issue_token(WORKLOAD_USER));
             // Keep the fixture honest: it must parse as a kubeconfig.
             Kubeconfig::from_yaml(&kubeconfig)
@@ -355,6 +366,7 @@ impl Fleet {
                     direct,
                     recorded,
                     runtime,
+                    portforward,
                 },
             );
             fleet.put_kubeconfig(name, &kubeconfig).await?;
@@ -408,6 +420,17 @@ impl Fleet {
         self.workload(name).recorded.clone()
     }
 
+    /// Workload cluster `name`'s API over HTTPS, built from its kubeconfig
+    /// exactly as the controller builds it (port-forward needs a real
+    /// connection to upgrade).
+    pub async fn served_workload_client(&self, name: &str) -> Result<Client> {
+        let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig(name))?;
+        self.client_factory()
+            .build(&kubeconfig, &self.server_url(name))
+            .await
+            .map_err(|e| anyhow!(e))
+    }
+
     pub fn runtime(&self, name: &str) -> &WorkloadRuntime {
         &self.workload(name).runtime
     }
@@ -415,6 +438,12 @@ impl Fleet {
     /// A handle on workload `name`'s runtime that does not keep it alive.
     pub fn runtime_handle(&self, name: &str) -> Weak<WorkloadRuntime> {
         Arc::downgrade(&self.workload(name).runtime)
+    }
+
+    /// The port-forward service of workload `name`'s API server (tunnel
+    /// count, breaking every open tunnel).
+    pub fn portforward(&self, name: &str) -> &Arc<PortForwardServer> {
+        &self.workload(name).portforward
     }
 
     pub fn server_url(&self, name: &str) -> String {

@@ -362,10 +362,11 @@ pub fn serve_now(handler: UpgradeHandler) -> anyhow::Result<ServedPortForward> {
     Ok(ServedPortForward { url, client, task })
 }
 
-/// Port-forward for every workload of `fleet`: a served handler per
-/// workload (bridging to its runtime) and the controller's
-/// [`PortForwardDialer`](etcdfleet_controllers::dialer::PortForwardDialer)
-/// going through them.
+/// Port-forward for every workload of `fleet`: the controller's production
+/// [`PortForwardDialer`](etcdfleet_controllers::dialer::PortForwardDialer),
+/// which port-forwards through each workload's own API server (built from
+/// its kubeconfig Secret, RBAC enforced), and those servers' port-forward
+/// services.
 pub struct FleetPortForward {
     pub dialer: Arc<etcdfleet_controllers::dialer::PortForwardDialer>,
     pub servers: std::collections::BTreeMap<String, Arc<PortForwardServer>>,
@@ -376,28 +377,18 @@ impl FleetPortForward {
         Self::start(fleet)
     }
 
-    /// [`new`](Self::new) from synchronous code (inside a Tokio runtime).
+    /// [`new`](Self::new) from synchronous code.
     pub fn start(fleet: &crate::fleet::Fleet) -> anyhow::Result<Self> {
-        let mut servers = std::collections::BTreeMap::new();
-        let mut clients = std::collections::BTreeMap::new();
-        let mut served = Vec::new();
-        for name in fleet.workload_names() {
-            let server = PortForwardServer::for_runtime(fleet.runtime_handle(&name));
-            let s = serve_now(server.handler())?;
-            clients.insert(fleet.server_url(&name), s.client.clone());
-            servers.insert(name, server);
-            served.push(s);
-        }
-        // The dialer holds the servers: they serve as long as it is used.
-        let served = Arc::new(served);
-        let dialer = etcdfleet_controllers::dialer::PortForwardDialer::with_api(Arc::new(
-            move |w: &etcdfleet_controllers::connector::WorkloadCluster| {
-                let _alive = &served;
-                clients.get(&w.server).cloned()
-            },
-        ));
+        let servers = fleet
+            .workload_names()
+            .into_iter()
+            .map(|name| {
+                let server = fleet.portforward(&name).clone();
+                (name, server)
+            })
+            .collect();
         Ok(FleetPortForward {
-            dialer: Arc::new(dialer),
+            dialer: Arc::new(etcdfleet_controllers::dialer::PortForwardDialer::default()),
             servers,
         })
     }

@@ -182,7 +182,7 @@ async fn tls_through_the_tunnel_is_verified_against_the_client_service_name() ->
         etcdfleet_controllers::render::Names::new("etcd-a", etcdfleet_tests::scenario::WORKLOAD_NS);
     let workload = WorkloadCluster {
         server: fleet.server_url("a"),
-        client: fleet.workload_client("a"),
+        client: fleet.served_workload_client("a").await?,
     };
     let dialer: Arc<dyn EtcdDialer> = pf.dialer.clone();
     let through = |config: EtcdConfig| EtcdConfig {
