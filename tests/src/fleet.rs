@@ -323,8 +323,17 @@ impl Fleet {
 
     /// A fleet whose kubeconfig Secrets live in `namespace`.
     pub async fn with_namespace(namespace: &str, workload_names: &[&str]) -> Result<Fleet> {
+        Self::with_management_api(ApiServer::management().await?, namespace, workload_names).await
+    }
+
+    /// A fleet whose management API is `management_api` (e.g. one with a
+    /// stage's rendered RBAC instead of the all-namespaces rules).
+    pub async fn with_management_api(
+        management_api: ApiServer,
+        namespace: &str,
+        workload_names: &[&str],
+    ) -> Result<Fleet> {
         let recorder = OpRecorder::default();
-        let management_api = ApiServer::management().await?;
         management_api.set_recorder(recorder.clone());
         let management_direct = management_api.admin_client();
         for ns in [namespace, CONTROLLER_NAMESPACE] {

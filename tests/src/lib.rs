@@ -10,3 +10,4 @@ pub mod runtime;
 pub mod s3;
 pub mod scenario;
 pub mod ssa;
+pub mod stage;

@@ -95,6 +95,10 @@ async fn rbac_denies_a_secret_delete_the_shipped_cluster_role_lacks_with_the_rea
         "secrets \"x\" is forbidden: User \"system:serviceaccount:etcdfleet-system:etcdfleet-controller\" \
          cannot delete resource \"secrets\" in API group \"\" in the namespace \"team-a\""
     );
+    // Both refusals are remembered (end-to-end runs assert there were none).
+    let denied = server.denied();
+    assert_eq!(denied.len(), 2, "{denied:?}");
+    assert_eq!(denied[1], err.message);
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use etcdfleet_api::{EtcdCluster, EtcdClusterSpec};
 use etcdfleet_controllers::config::ControllerConfig;
+use etcdfleet_tests::stage::kustomize;
 use serde::Deserialize;
 use serde_yaml::Value;
 
@@ -490,46 +491,6 @@ fn stages_own_disjoint_clusters() {
     }
     tags.dedup();
     assert_eq!(tags.len(), 3, "each stage pins its own image tag: {tags:?}");
-}
-
-/// The documents `kubectl kustomize dir` renders (`$KUBECTL`, default
-/// `kubectl`: 1.20 from Debian and current releases both render the
-/// overlays); `None` (after printing SKIPPED, or failing under
-/// ETCDFLEET_REQUIRE_ETCD=1, which CI sets for the whole tool set) when no
-/// kubectl is installed.
-fn kustomize(dir: &Path) -> Option<Vec<Value>> {
-    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-    let output = match std::process::Command::new(&kubectl)
-        .arg("kustomize")
-        .arg(dir)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            let msg = format!(
-                "SKIPPED: kubectl kustomize is not available ({e}); run hack/install-tools.sh"
-            );
-            println!("{msg}");
-            assert!(
-                std::env::var("ETCDFLEET_REQUIRE_ETCD").as_deref() != Ok("1"),
-                "{msg}"
-            );
-            return None;
-        }
-    };
-    assert!(
-        output.status.success(),
-        "kubectl kustomize {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).unwrap();
-    Some(
-        serde_yaml::Deserializer::from_str(&text)
-            .map(|d| Value::deserialize(d).unwrap())
-            .filter(|v| !v.is_null())
-            .collect(),
-    )
 }
 
 #[test]

@@ -71,6 +71,8 @@ pub(crate) struct Inner {
     unavailable: Mutex<BTreeSet<String>>,
     recorder: Mutex<Option<OpRecorder>>,
     portforward: Mutex<Option<UpgradeHandler>>,
+    /// Every request RBAC refused (403), as `user: verb resource ...`.
+    denied: Mutex<Vec<String>>,
 }
 
 /// One API server. Cheap to clone; the HTTPS listener stops when the last
@@ -277,8 +279,16 @@ impl Inner {
         if self.rbac.lock().expect("rbac lock").allows(&attrs) {
             Ok(())
         } else {
-            Err(ApiError(403, rbac::forbidden(&attrs)))
+            Err(self.deny(&attrs))
         }
+    }
+
+    /// The 403 for `attrs`, remembered for [`ApiServer::denied`].
+    pub(crate) fn deny(&self, attrs: &Attributes) -> ApiError {
+        let status = rbac::forbidden(attrs);
+        let message = status["message"].as_str().unwrap_or_default().to_string();
+        self.denied.lock().expect("denied lock").push(message);
+        ApiError(403, status)
     }
 
     fn dispatch(
@@ -527,6 +537,7 @@ impl ApiServer {
             unavailable: Mutex::new(BTreeSet::new()),
             recorder: Mutex::new(None),
             portforward: Mutex::new(None),
+            denied: Mutex::new(Vec::new()),
         });
         let serving = serve::Serving::start(inner.clone()).await?;
         Ok(ApiServer {
@@ -665,6 +676,11 @@ current-context: {name}
             .lock()
             .expect("store lock")
             .transition_rules = enabled;
+    }
+
+    /// The messages of every request RBAC refused so far (403), in order.
+    pub fn denied(&self) -> Vec<String> {
+        self.inner.denied.lock().expect("denied lock").clone()
     }
 
     /// Serves `pods/<name>/portforward` upgrades with `handler`.

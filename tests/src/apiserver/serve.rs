@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 
-use super::store::{ApiError, status};
+use super::store::status;
 use super::{Inner, ResponseBody, body, error_response};
 
 /// The listener of one server; stops accepting when dropped.
@@ -98,7 +98,7 @@ async fn serve_request(
             name: Some(pod.clone()),
         };
         if user != super::ADMIN && !inner.rbac.lock().expect("rbac lock").allows(&attrs) {
-            return error_response(ApiError(403, super::rbac::forbidden(&attrs)));
+            return error_response(inner.deny(&attrs));
         }
         let handler = inner.portforward.lock().expect("lock").clone();
         return match handler {
