@@ -1,5 +1,6 @@
 //! Traces of reconciles, received over OTLP/gRPC by a collector on loopback
-//! while the real reconciler drives a real etcd cluster. Issue 13 item 1.
+//! while the real reconciler drives a real etcd cluster: the reconcile, its
+//! steps, and under them each etcd call and each Kubernetes API request.
 
 use std::collections::BTreeSet;
 
@@ -28,7 +29,7 @@ fn children<'a>(spans: &'a [ReceivedSpan], parent: &ReceivedSpan) -> Vec<&'a Rec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn reconcile_span_with_step_and_etcd_children_arrives_over_otlp() -> Result<()> {
+async fn reconcile_span_with_step_etcd_and_api_request_children_arrives_over_otlp() -> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
@@ -76,6 +77,7 @@ async fn reconcile_span_with_step_and_etcd_children_arrives_over_otlp() -> Resul
 
     // One reconcile of the converged cluster: its span tree, exactly.
     collector.clear();
+    fleet.clear_ops();
     let outcome = ctl.reconcile(NS, "etcd-a").await?;
     assert_eq!(outcome, Outcome::Converged);
     flush(&telemetry).await?;
@@ -123,6 +125,49 @@ async fn reconcile_span_with_step_and_etcd_children_arrives_over_otlp() -> Resul
                 .find(|s| s.span_id == parent.parent_span_id)
                 .with_context(|| format!("{call:?} is not under observe"))?;
         }
+    }
+
+    // Every request to the workload API is a kube-client span in the same
+    // trace, under observe, with its method, URL and status code. (The
+    // driver's management client is the in-process test client, without
+    // kube's HTTP layer; `run` builds both the same way, with it.)
+    let workload_ops: Vec<_> = fleet
+        .ops()
+        .into_iter()
+        .filter(|op| op.cluster == "a")
+        .collect();
+    ensure!(
+        !workload_ops.is_empty(),
+        "the reconcile read the workload API"
+    );
+    let http: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.attr("http.method").is_some())
+        .collect();
+    assert_eq!(
+        http.len(),
+        workload_ops.len(),
+        "one span per request: {http:#?}\n{workload_ops:#?}"
+    );
+    for op in &workload_ops {
+        let path = match (&op.namespace, &op.name) {
+            (Some(ns), Some(name)) => format!("/namespaces/{ns}/{}/{name}", op.resource),
+            (Some(ns), None) => format!("/namespaces/{ns}/{}?", op.resource),
+            (None, Some(name)) => format!("/{}/{name}", op.resource),
+            (None, None) => format!("/{}?", op.resource),
+        };
+        let span = http
+            .iter()
+            .find(|s| s.attr("http.url").is_some_and(|u| u.contains(&path)))
+            .with_context(|| format!("no span for {op}: {http:#?}"))?;
+        assert_eq!(span.name, op.verb, "kube names the span by its verb");
+        assert_eq!(span.attr("http.method"), Some("GET"));
+        assert_eq!(span.attr("http.status_code"), Some("200"));
+        assert_eq!(span.trace_id, root.trace_id);
+        assert_eq!(
+            span.parent_span_id, observe.span_id,
+            "{op} is read in observe"
+        );
     }
     fleet.shutdown().await;
     Ok(())
