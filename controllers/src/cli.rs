@@ -952,6 +952,11 @@ spec:
         )
     }
 
+    /// `n` healthy members on `version`, the first one leading.
+    fn healthy(n: u32, version: &str) -> Vec<String> {
+        (0..n).map(|o| member(o, version, o == 0, true)).collect()
+    }
+
     fn cluster(spec: &str, current: &str, members: &[String]) -> String {
         format!(
             "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {{name: c, namespace: team-pay}}\nspec:\n  clusterRef: {{name: c}}\n{spec}status:\n  currentVersion: {current}\n  members:\n{}",
@@ -1055,11 +1060,7 @@ spec:
 
     #[test]
     fn plan_upgrade_restarts_a_follower_onto_the_new_image() {
-        let members = [
-            member(0, "3.5.0", true, true),
-            member(1, "3.5.0", false, true),
-            member(2, "3.5.0", false, true),
-        ];
+        let members = healthy(3, "3.5.0");
         let p = &plan(&cluster(
             "  version: 3.5.1\n  replicas: 3\n",
             "3.5.0",
@@ -1097,11 +1098,7 @@ spec:
 
     #[test]
     fn plan_scale_up_adds_a_learner() {
-        let members = [
-            member(0, "3.5.1", true, true),
-            member(1, "3.5.1", false, true),
-            member(2, "3.5.1", false, true),
-        ];
+        let members = healthy(3, "3.5.1");
         let p = &plan(&cluster(
             "  version: 3.5.1\n  replicas: 5\n",
             "3.5.1",
@@ -1159,11 +1156,7 @@ spec:
 
     #[test]
     fn plan_exit_code_prefers_input_errors_then_blocked_then_changes() {
-        let members = [
-            member(0, "3.5.1", true, true),
-            member(1, "3.5.1", false, true),
-            member(2, "3.5.1", false, true),
-        ];
+        let members = healthy(3, "3.5.1");
         let converged = plan(&cluster(
             "  version: 3.5.1\n  replicas: 3\n",
             "3.5.1",
@@ -1204,11 +1197,7 @@ spec:
 
     #[test]
     fn plan_converged_is_no_change() {
-        let members = [
-            member(0, "3.5.1", true, true),
-            member(1, "3.5.1", false, true),
-            member(2, "3.5.1", false, true),
-        ];
+        let members = healthy(3, "3.5.1");
         let p = &plan(&cluster(
             "  version: 3.5.1\n  replicas: 3\n",
             "3.5.1",
@@ -1219,13 +1208,7 @@ spec:
 
     #[test]
     fn plan_scale_down_removes_the_highest_member() {
-        let members = [
-            member(0, "3.5.1", true, true),
-            member(1, "3.5.1", false, true),
-            member(2, "3.5.1", false, true),
-            member(3, "3.5.1", false, true),
-            member(4, "3.5.1", false, true),
-        ];
+        let members = healthy(5, "3.5.1");
         let p = &plan(&cluster(
             "  version: 3.5.1\n  replicas: 3\n",
             "3.5.1",
@@ -1239,11 +1222,7 @@ spec:
 
     #[test]
     fn plan_rejected_version_holds_the_running_version() {
-        let members = [
-            member(0, "3.5.1", true, true),
-            member(1, "3.5.1", false, true),
-            member(2, "3.5.1", false, true),
-        ];
+        let members = healthy(3, "3.5.1");
         let p = &plan(&cluster(
             "  version: 3.4.0\n  replicas: 3\n",
             "3.5.1",

@@ -138,16 +138,25 @@ fn tunnel_controller(fleet: &Fleet, pf: &FleetPortForward) -> TestController {
     )
 }
 
+/// Workload `a` with cluster `etcd-a` of `replicas` 3.5 members, converged
+/// by a controller that reaches etcd only through tunnels.
+async fn converged_through_tunnels(
+    replicas: i32,
+) -> Result<(Fleet, FleetPortForward, TestController)> {
+    let fleet = Fleet::new(&["a"]).await?;
+    let pf = FleetPortForward::new(&fleet).await?;
+    let mut ctl = tunnel_controller(&fleet, &pf);
+    create(&fleet, &cluster("etcd-a", "a", replicas, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    Ok((fleet, pf, ctl))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lifecycle_through_port_forward_creates_scales_and_keeps_data() -> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let pf = FleetPortForward::new(&fleet).await?;
-    let mut ctl = tunnel_controller(&fleet, &pf);
-    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, pf, mut ctl) = converged_through_tunnels(3).await?;
     let status = get(&fleet, "etcd-a").await?.status.context("status")?;
     assert_eq!(status.ready_members, 3, "{status:#?}");
     assert!(
@@ -171,11 +180,7 @@ async fn tls_through_the_tunnel_is_verified_against_the_client_service_name() ->
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let pf = FleetPortForward::new(&fleet).await?;
-    let mut ctl = tunnel_controller(&fleet, &pf);
-    create(&fleet, &cluster("etcd-a", "a", 1, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, pf, _ctl) = converged_through_tunnels(1).await?;
 
     let (_, config) = etcd_of(&fleet, "a", "etcd-a", 1).await?;
     let names =
@@ -212,11 +217,7 @@ async fn a_tunnel_broken_mid_reconcile_recovers_without_replacing_members() -> R
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let pf = FleetPortForward::new(&fleet).await?;
-    let mut ctl = tunnel_controller(&fleet, &pf);
-    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, pf, ctl) = converged_through_tunnels(3).await?;
     let members_before: Vec<_> = get(&fleet, "etcd-a").await?.status.unwrap().members;
 
     // Cut every tunnel while a reconcile is under way, then a few more times.
@@ -266,11 +267,7 @@ async fn a_converged_cluster_polled_many_times_keeps_one_connection_per_member()
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let fleet = Fleet::new(&["a"]).await?;
-    let pf = FleetPortForward::new(&fleet).await?;
-    let mut ctl = tunnel_controller(&fleet, &pf);
-    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
-    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let (fleet, pf, _ctl) = converged_through_tunnels(3).await?;
 
     // A fresh controller (empty pool) polling a converged cluster N times.
     let ctl = tunnel_controller(&fleet, &pf);
