@@ -35,15 +35,22 @@ fn assert_exits_cleanly_after_sigterm(p: &mut ControllerProcess) {
     eprintln!("{}: exited {took:?} after SIGTERM", p.name);
 }
 
-#[test]
-fn sigterm_with_the_api_server_port_closed_exits_within_seconds_naming_the_server() {
+/// `run` against a closed port, once it has said it cannot reach it (and
+/// keeps trying): the API server's URL and the process.
+fn started_against_a_closed_port(name: &str, args: &[&str]) -> (String, ControllerProcess) {
     let server = format!("https://127.0.0.1:{}", free_port());
-    let mut p = ControllerProcess::start("closed-port", &kubeconfig(&server, "t", None), &[]);
-    // `run` says which server it failed to reach, and keeps trying.
+    let mut p = ControllerProcess::start(name, &kubeconfig(&server, "t", None), args);
     p.wait_for_log(
         &format!("cannot reach the management API server {server}"),
         Duration::from_secs(20),
     );
+    (server, p)
+}
+
+#[test]
+fn sigterm_with_the_api_server_port_closed_exits_within_seconds_naming_the_server() {
+    // `run` says which server it failed to reach, and keeps trying.
+    let (_, mut p) = started_against_a_closed_port("closed-port", &[]);
     // Alive (the loop has not died) but not ready (nothing listed).
     assert_eq!(p.get("/healthz").map(|r| r.0), Some(200), "{}", p.log());
     let (code, body) = p.get("/readyz").expect("readyz answers");
@@ -79,10 +86,8 @@ fn a_hanging_api_server_is_named_after_the_probe_timeout() {
 fn sigterm_while_waiting_for_the_leader_lease_exits_within_seconds() {
     // Leader election on, API down: the process is in its first wait; the
     // lease wait comes after it and races the same signal.
-    let server = format!("https://127.0.0.1:{}", free_port());
-    let mut p = ControllerProcess::start(
+    let (_, mut p) = started_against_a_closed_port(
         "election-no-api",
-        &kubeconfig(&server, "t", None),
         &[
             "--leader-elect",
             "true",
@@ -92,10 +97,6 @@ fn sigterm_while_waiting_for_the_leader_lease_exits_within_seconds() {
             "3",
         ],
     );
-    p.wait_for_log(
-        "cannot reach the management API server",
-        Duration::from_secs(20),
-    );
     let (code, body) = p.get("/readyz").expect("readyz answers");
     assert_eq!(code, 503, "{body}");
     assert_eq!(p.get("/leader").map(|r| r.0), Some(503), "not leading yet");
@@ -104,12 +105,7 @@ fn sigterm_while_waiting_for_the_leader_lease_exits_within_seconds() {
 
 #[test]
 fn sigint_stops_the_process_like_sigterm() {
-    let server = format!("https://127.0.0.1:{}", free_port());
-    let mut p = ControllerProcess::start("sigint", &kubeconfig(&server, "t", None), &[]);
-    p.wait_for_log(
-        "cannot reach the management API server",
-        Duration::from_secs(20),
-    );
+    let (_, mut p) = started_against_a_closed_port("sigint", &[]);
     p.signal(libc::SIGINT);
     let status = p
         .wait_exit(EXIT_WITHIN)
@@ -120,12 +116,7 @@ fn sigint_stops_the_process_like_sigterm() {
 
 #[test]
 fn logs_carry_no_colour_codes_when_stdout_is_not_a_terminal() {
-    let server = format!("https://127.0.0.1:{}", free_port());
-    let mut p = ControllerProcess::start("no-colour", &kubeconfig(&server, "t", None), &[]);
-    p.wait_for_log(
-        "cannot reach the management API server",
-        Duration::from_secs(20),
-    );
+    let (_, mut p) = started_against_a_closed_port("no-colour", &[]);
     let out = p.stdout_bytes();
     assert!(!out.is_empty(), "logs go to stdout");
     assert!(
@@ -138,16 +129,7 @@ fn logs_carry_no_colour_codes_when_stdout_is_not_a_terminal() {
 
 #[test]
 fn json_logs_are_one_object_per_line_naming_the_server() {
-    let server = format!("https://127.0.0.1:{}", free_port());
-    let mut p = ControllerProcess::start(
-        "json",
-        &kubeconfig(&server, "t", None),
-        &["--log-format", "json"],
-    );
-    p.wait_for_log(
-        "cannot reach the management API server",
-        Duration::from_secs(20),
-    );
+    let (server, mut p) = started_against_a_closed_port("json", &["--log-format", "json"]);
     let out = String::from_utf8(p.stdout_bytes()).expect("utf-8 logs");
     let mut named = false;
     for line in out.lines() {
