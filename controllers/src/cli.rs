@@ -27,7 +27,9 @@ use crate::etcdcluster::plan::{
     EtcdObservation, Observation, Plan, PodObservation, PvcObservation, RemovalCause,
     StatefulSetObservation, Step, plan_next_step,
 };
-use crate::etcdcluster::resolve::{REBASE_ANNOTATION, render_inputs, resolve_own_spec};
+use crate::etcdcluster::resolve::{
+    is_materialized, rebase_requested, render_inputs, resolve_own_spec,
+};
 use crate::render::{self, Names, RenderInputs, RenderProfile};
 
 /// One YAML document read as the API server reads a JSON body: integers
@@ -334,13 +336,8 @@ pub fn resolve_like_controller(
     cluster: &EtcdCluster,
     manifests: &Manifests,
 ) -> Result<(Resolution, ResolutionBasis), ResolveError> {
-    let materialized = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.template.as_ref())
-        .is_some();
-    let rebase = cluster.annotations().contains_key(REBASE_ANNOTATION);
-    if cluster.spec.template_ref.is_some() && materialized && !rebase {
+    if cluster.spec.template_ref.is_some() && is_materialized(cluster) && !rebase_requested(cluster)
+    {
         return resolve_own_spec(&cluster.spec).map(|r| (r, ResolutionBasis::Materialized));
     }
     let (ct, t) = manifests.templates_for(cluster)?;

@@ -95,18 +95,29 @@ async fn fetch_templates(
     }
 }
 
+/// Whether the cluster's template values were materialized into its spec
+/// (recorded in `status.template`): from then on its own spec is the truth.
+pub fn is_materialized(cluster: &EtcdCluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.template.as_ref())
+        .is_some()
+}
+
+/// Whether a person asked to re-resolve from the current template
+/// ([`REBASE_ANNOTATION`]).
+pub fn rebase_requested(cluster: &EtcdCluster) -> bool {
+    cluster.annotations().contains_key(REBASE_ANNOTATION)
+}
+
 /// Resolves the cluster; `Ok(None)` when it cannot be (the report says why).
 pub async fn resolve_cluster(
     cluster: &EtcdCluster,
     ctx: &Context,
     report: &mut Report,
 ) -> Result<Option<Resolved>> {
-    let materialized = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.template.as_ref())
-        .is_some();
-    let rebase = cluster.annotations().contains_key(REBASE_ANNOTATION);
+    let (materialized, rebase) = (is_materialized(cluster), rebase_requested(cluster));
     // Paused: no write at all, materialization and rebase included.
     let paused = cluster.spec.paused == Some(true);
     let mut spec = cluster.spec.clone();
