@@ -66,18 +66,25 @@ async fn panicking_or_aborting_tests_leave_no_etcd_behind() -> Result<()> {
     let dir = tempfile::tempdir()?;
     for mode in ["panic", "abort"] {
         let out = dir.path().join(format!("{mode}.dirs"));
-        let status = Command::new(std::env::current_exe()?)
-            .args([
-                "--exact",
-                "panicking_or_aborting_tests_leave_no_etcd_behind",
-                "--nocapture",
-            ])
-            .env(ROLE, mode)
-            .env(OUT, &out)
-            .status()?;
-        ensure!(!status.success(), "the {mode} child must fail");
+        // A child whose cluster did not come up in time on a loaded machine
+        // proves nothing either way: it is run again (at most three times).
+        for _attempt in 0..3 {
+            let status = Command::new(std::env::current_exe()?)
+                .args([
+                    "--exact",
+                    "panicking_or_aborting_tests_leave_no_etcd_behind",
+                    "--nocapture",
+                ])
+                .env(ROLE, mode)
+                .env(OUT, &out)
+                .status()?;
+            ensure!(!status.success(), "the {mode} child must fail");
+            if out.exists() {
+                break;
+            }
+        }
         let dirs = std::fs::read_to_string(&out)
-            .with_context(|| format!("the {mode} child started no cluster"))?;
+            .with_context(|| format!("the {mode} child started no cluster in three attempts"))?;
         let deadline = Instant::now() + Duration::from_secs(5);
         for data_dir in dirs.lines() {
             loop {
