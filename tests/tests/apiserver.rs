@@ -612,3 +612,35 @@ async fn a_cel_transition_rule_refuses_a_storage_change_with_the_real_422() {
     );
     assert_eq!(err.code, 422, "{}", err.message);
 }
+
+#[tokio::test]
+async fn a_reflector_store_turns_ready_after_the_initial_list_over_https() {
+    let server = server_with_namespace("team-a").await;
+    let admin: Api<EtcdCluster> = Api::namespaced(server.admin_client(), "team-a");
+    admin
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(cluster("existing")).unwrap(),
+        )
+        .await
+        .unwrap();
+    let token = server.issue_token(CONTROLLER_USER);
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig(&token)).unwrap();
+    let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let client = Client::try_from(config).unwrap();
+    let watched: Api<EtcdCluster> = Api::namespaced(client, "team-a");
+    let (reader, writer) = kube::runtime::reflector::store();
+    let stream = kube::runtime::reflector(
+        writer,
+        watcher::watcher(watched, watcher::Config::default()),
+    );
+    let polled = tokio::spawn(stream.for_each(|_| futures::future::ready(())));
+    tokio::time::timeout(Duration::from_secs(10), reader.wait_until_ready())
+        .await
+        .expect("the store is ready within 10 s")
+        .unwrap();
+    assert_eq!(reader.state().len(), 1, "the initial list filled it");
+    polled.abort();
+}
