@@ -841,6 +841,8 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
     let step = match plan {
         Plan::Converged => return "no change".to_string(),
         Plan::Wait(why) => return format!("waiting: {why}"),
+        // Nothing will move by itself: `plan` exits with the blocked code.
+        Plan::Hold(why) => return format!("blocked, needs attention: {why}"),
         Plan::Refuse(r) => return format!("refused ({}): {}", r.reason, r.message),
         Plan::Act(step) => step,
     };

@@ -194,6 +194,7 @@ impl Metrics {
         let plan = match plan {
             Plan::Act(step) => step.kind(),
             Plan::Wait(_) => "Wait",
+            Plan::Hold(_) => "Hold",
             Plan::Converged => "Converged",
             Plan::Refuse(_) => "Refuse",
         };

@@ -518,6 +518,10 @@ impl<'a, W: Write> Demo<'a, W> {
                         all_converged = false;
                         format!("cannot proceed: {why}")
                     }
+                    Ok(Outcome::Held(why)) => {
+                        all_converged = false;
+                        format!("needs attention: {why}")
+                    }
                     Ok(Outcome::Paused(next)) => {
                         all_converged = false;
                         format!("paused (next: {})", next.as_deref().unwrap_or("nothing"))

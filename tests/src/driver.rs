@@ -184,7 +184,7 @@ where
                     log.last.push((key, Outcome::Acted(step)));
                     done = false;
                 }
-                Ok(outcome @ Outcome::Waiting(_)) => {
+                Ok(outcome @ (Outcome::Waiting(_) | Outcome::Held(_))) => {
                     log.last.push((key, outcome));
                     done = false;
                 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use etcdfleet_api::EtcdCluster;
 use etcdfleet_api::conditions::{self, REMOTE_REACHABLE};
+use etcdfleet_controllers::etcd::ClusterClient;
 use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::ReconcilerSettings;
 use etcdfleet_controllers::etcdcluster::plan::{RemovalCause, Step};
@@ -176,6 +177,42 @@ async fn a_converged_cluster_costs_no_write_and_few_reads() -> Result<()> {
         );
     }
     assert!(fleet.secret_lists_or_watches().is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_converged_cluster_taking_writes_makes_no_status_write() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
+    let sizes = |c: &EtcdCluster| -> Vec<Option<i64>> {
+        c.status
+            .as_ref()
+            .map(|s| s.members.iter().map(|m| m.db_size_in_use_bytes).collect())
+            .unwrap_or_default()
+    };
+    let shown = sizes(&get(&fleet, "etcd-a").await?);
+    fleet.clear_ops();
+    // The database grows between polls (the application keeps writing);
+    // nothing a person acts on changes, so status is not rewritten.
+    for poll in 0..4 {
+        for i in 0..20 {
+            kv.put(format!("app/{poll}/{i}"), vec![b'x'; 2048], None)
+                .await?;
+        }
+        assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+    }
+    let status_writes: Vec<_> = fleet
+        .writes()
+        .into_iter()
+        .filter(|o| o.resource == "etcdclusters")
+        .collect();
+    assert!(status_writes.is_empty(), "{status_writes:#?}");
+    assert_eq!(sizes(&get(&fleet, "etcd-a").await?), shown);
     Ok(())
 }
 

@@ -10,8 +10,8 @@ use anyhow::{Context as _, Result};
 use etcdfleet_api::EtcdCluster;
 use etcdfleet_api::conditions::{self, AVAILABLE, CONFLICT};
 use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
-use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::plan::Step;
+use etcdfleet_controllers::etcdcluster::{self, Outcome};
 use etcdfleet_tests::driver::{TestController, fast_settings};
 use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
 use etcdfleet_tests::fleet::{ApiOp, Fleet, MANAGEMENT};
@@ -23,6 +23,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
 
 /// Writes the controller made to workload clusters (not to the management API).
 fn workload_writes(fleet: &Fleet) -> Vec<ApiOp> {
@@ -462,9 +463,29 @@ async fn a_foreign_member_is_reported_and_never_removed() -> Result<()> {
     assert!(destructive(&outcomes).is_empty(), "{outcomes:?}");
     let last = outcomes.last().unwrap();
     match last {
-        Ok(Outcome::Waiting(why)) => assert!(why.contains("by hand"), "{why}"),
-        other => panic!("expected a wait naming the foreign member, got {other:?}"),
+        Ok(Outcome::Held(why)) => assert!(why.contains("by hand"), "{why}"),
+        other => panic!("expected a hold naming the foreign member, got {other:?}"),
     }
+    // Nothing changes by itself: kube-runtime is asked to look again after
+    // 1, 2, 4, 8 s — not every poll interval — and Progressing says a
+    // person is needed.
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    let mut requeues = Vec::new();
+    for _ in 0..4 {
+        let live = std::sync::Arc::new(api.get("etcd-a").await?);
+        requeues.push(etcdcluster::reconcile(live, ctl.ctx.clone()).await?);
+    }
+    let expected: Vec<Action> = [1, 2, 4, 8]
+        .map(|s| Action::requeue(Duration::from_secs(s)))
+        .to_vec();
+    assert_eq!(requeues, expected);
+    let status = get(&fleet, "etcd-a").await?.status.unwrap();
+    let progressing = conditions::find(&status.conditions, "Progressing").unwrap();
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("False", "NeedsAttention"),
+        "{progressing:?}"
+    );
     let members = etcd.list_members().await?;
     assert!(members.iter().any(|m| m.id == added.id), "{members:?}");
     let status = get(&fleet, "etcd-a").await?.status.unwrap();

@@ -103,6 +103,9 @@ pub struct Context {
     /// Per cluster, how many short requeues in a row while an operation is
     /// in flight (the next one waits twice as long, up to `requeue_progress`).
     pub in_flight: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// Per cluster, how many holds in a row for the same generation (each
+    /// waits twice as long as the one before).
+    pub held: std::sync::Mutex<std::collections::HashMap<String, (Option<i64>, u32)>>,
     pub settings: ReconcilerSettings,
     pub profile: RenderProfile,
     pub metrics: Arc<Metrics>,
@@ -134,6 +137,7 @@ impl Context {
             etcd_clients: crate::etcd::ClientPool::default(),
             memo: memo::ObservationMemo::default(),
             in_flight: Default::default(),
+            held: Default::default(),
             settings,
             profile: RenderProfile::default(),
             metrics,
@@ -193,6 +197,9 @@ pub enum Outcome {
     Converged,
     /// The planner waits for something (the message says what).
     Waiting(String),
+    /// Nothing changes until a person acts (the message says what to do);
+    /// looked at again with exponential backoff.
+    Held(String),
     /// A step was taken.
     Acted(Step),
     /// The step the planner chose was not taken because the cluster is paused.
@@ -221,10 +228,50 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<A
             remaining.max(ctx.settings.requeue_progress),
         ));
     }
+    if let Some(delay) = held_requeue(
+        &ctx.held,
+        &outcome,
+        &cluster,
+        ctx.settings.requeue_converged * 5,
+    ) {
+        return Ok(Action::requeue(delay));
+    }
     Ok(match in_flight_requeue(&outcome, &ctx, &cluster) {
         Some(delay) => Action::requeue(delay),
         None => requeue_for(&outcome, &ctx.settings, &cluster),
     })
+}
+
+/// A cluster held for a person is looked at again after 1 s, then twice as
+/// long each time it is still held, up to `cap` (five converged polls); a new
+/// generation (the spec changed) starts again at 1 s. `None` (and the count
+/// forgotten) for any other outcome.
+pub fn held_requeue(
+    held: &std::sync::Mutex<std::collections::HashMap<String, (Option<i64>, u32)>>,
+    outcome: &Outcome,
+    cluster: &EtcdCluster,
+    cap: Duration,
+) -> Option<Duration> {
+    let key = cluster_key(cluster);
+    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    let Outcome::Held(_) = outcome else {
+        held.remove(&key);
+        return None;
+    };
+    let generation = cluster.metadata.generation;
+    let attempt = match held.get(&key) {
+        Some((g, n)) if *g == generation => n + 1,
+        _ => 0,
+    };
+    held.insert(key, (generation, attempt));
+    Some(held_delay(attempt, cap))
+}
+
+/// 1 s × 2^attempt, at most `cap`.
+pub fn held_delay(attempt: u32, cap: Duration) -> Duration {
+    Duration::from_secs(1)
+        .saturating_mul(1u32 << attempt.min(20))
+        .min(cap)
 }
 
 /// `ns/name` of a cluster.
@@ -276,7 +323,7 @@ pub fn requeue_for(
         Outcome::Deleted => Action::await_change(),
         Outcome::Acted(_) => Action::requeue(Duration::from_millis(200)),
         Outcome::Waiting(_) => Action::requeue(settings.requeue_progress),
-        Outcome::Converged | Outcome::Paused(_) | Outcome::Blocked(_) => {
+        Outcome::Converged | Outcome::Paused(_) | Outcome::Blocked(_) | Outcome::Held(_) => {
             Action::requeue(jitter(settings.requeue_converged, &cluster.name_any()))
         }
     }
@@ -388,6 +435,7 @@ impl Outcome {
         match self {
             Outcome::Converged => "converged",
             Outcome::Waiting(_) => "waiting",
+            Outcome::Held(_) => "held",
             Outcome::Acted(_) => "acted",
             Outcome::Paused(_) => "paused",
             Outcome::Blocked(_) => "blocked",
@@ -569,6 +617,10 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
             report.waiting(&why);
             Outcome::Waiting(why)
         }
+        Plan::Hold(why) => {
+            report.held(&why);
+            Outcome::Held(why)
+        }
         Plan::Refuse(refusal) => {
             report.refused(&refusal);
             Outcome::Blocked(refusal.message)
@@ -657,6 +709,7 @@ fn plan_label(plan: &Plan) -> &'static str {
     match plan {
         Plan::Converged => "converged",
         Plan::Wait(_) => "wait",
+        Plan::Hold(_) => "hold",
         Plan::Refuse(_) => "refuse",
         Plan::Act(step) => step.kind(),
     }
@@ -690,6 +743,40 @@ pub fn now() -> Time {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_cluster_backs_off_exponentially_until_its_spec_changes_or_it_moves() {
+        let held = std::sync::Mutex::default();
+        let cap = Duration::from_secs(300);
+        let mut cluster = EtcdCluster::new("c", Default::default());
+        cluster.metadata.namespace = Some("ns".into());
+        cluster.metadata.generation = Some(1);
+        let hold = Outcome::Held("quorum lost".into());
+        let delays: Vec<u64> = (0..11)
+            .map(|_| held_requeue(&held, &hold, &cluster, cap).unwrap().as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        // A spec change (new generation) is looked at again soon.
+        cluster.metadata.generation = Some(2);
+        assert_eq!(
+            held_requeue(&held, &hold, &cluster, cap),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            held_requeue(&held, &hold, &cluster, cap),
+            Some(Duration::from_secs(2))
+        );
+        // Any other outcome forgets the count; the next hold starts again.
+        assert_eq!(
+            held_requeue(&held, &Outcome::Converged, &cluster, cap),
+            None
+        );
+        assert!(held.lock().unwrap().is_empty());
+        assert_eq!(
+            held_requeue(&held, &hold, &cluster, cap),
+            Some(Duration::from_secs(1))
+        );
+    }
 
     #[test]
     fn in_flight_requeues_start_at_100ms_and_double_up_to_the_progress_poll() {

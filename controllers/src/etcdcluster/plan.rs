@@ -332,8 +332,15 @@ impl fmt::Display for Step {
 pub enum Plan {
     /// Take this step now.
     Act(Step),
-    /// Not converged, but nothing is safe or useful to do now.
+    /// Not converged, but nothing is safe or useful to do now; what it waits
+    /// for usually happens by itself soon (a pod starting, a learner catching
+    /// up), so it is looked at again soon.
     Wait(String),
+    /// Not converged, and nothing changes by itself: a person (or an outside
+    /// event) must act — quorum lost, a CORRUPT alarm, a member this
+    /// controller does not own, a step failing again and again. Looked at
+    /// again with exponential backoff, never in a loop.
+    Hold(String),
     /// Nothing to do.
     Converged,
     /// Acting would harm data or another owner; nothing is done until a person
@@ -392,7 +399,7 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
     if let Some(failed) = &obs.last_failure {
         let delay = retry_delay(failed.failures);
         if failed.age < delay {
-            return Plan::Wait(format!(
+            return Plan::Hold(format!(
                 "{} failed {} time(s) in a row; retrying with backoff (up to {}s between attempts)",
                 failed.kind,
                 failed.failures,
@@ -430,7 +437,7 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
                 return Plan::Act(Step::ScaleStatefulSet { replicas: wanted });
             }
             if obs.known_voters > 0 {
-                return Plan::Wait(format!(
+                return Plan::Hold(format!(
                     "quorum lost: none of the {} known voting members answers ({why}); {QUORUM_LOSS_HELP}",
                     obs.known_voters
                 ));
@@ -465,7 +472,7 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
     // Without quorum etcd can change nothing, and only a person can tell
     // whether the missing members come back: no step at all.
     if health.voter_count() > 0 && !health.has_quorum() {
-        return Plan::Wait(format!(
+        return Plan::Hold(format!(
             "quorum lost: only {} of {} voting members are healthy; {QUORUM_LOSS_HELP}",
             health.healthy_voter_count(),
             health.voter_count()
@@ -589,7 +596,7 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
     // Alarms. CORRUPT needs a person; NOSPACE is recovered once every member
     // is healthy (defragmentation blocks the member it runs on).
     if let Some(alarm) = obs.alarms.iter().find(|a| a.kind == AlarmKind::Corrupt) {
-        return Plan::Wait(format!(
+        return Plan::Hold(format!(
             "etcd raised a CORRUPT alarm on member {}: its data disagrees with the others; \
              replace that member or restore from a snapshot (no automatic action)",
             ordinal_of(alarm.member_id)
@@ -676,7 +683,7 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
         };
     }
     if let Some(&id) = foreign.first() {
-        return Plan::Wait(format!(
+        return Plan::Hold(format!(
             "member {id:x} has a peer URL this cluster does not own; remove it by hand if it is not wanted"
         ));
     }
@@ -685,7 +692,7 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
     let voters = health.voter_count() as u32;
     if voters < obs.desired_replicas {
         let Some(next) = (0..obs.desired_replicas).find(|o| member_at(*o).is_none()) else {
-            return Plan::Wait(format!(
+            return Plan::Hold(format!(
                 "{voters} voting members, {} wanted, but every ordinal is taken: \
                  a member this controller does not own holds one",
                 obs.desired_replicas
@@ -1187,8 +1194,8 @@ mod tests {
             ],
         );
         match plan_next_step(&obs) {
-            Plan::Wait(why) => assert!(why.contains("quorum lost"), "{why}"),
-            other => panic!("expected wait, got {other:?}"),
+            Plan::Hold(why) => assert!(why.contains("quorum lost"), "{why}"),
+            other => panic!("expected a hold, got {other:?}"),
         }
     }
 
@@ -1420,10 +1427,10 @@ mod tests {
             kind: AlarmKind::Corrupt,
         }];
         match plan_next_step(&obs) {
-            Plan::Wait(why) => {
+            Plan::Hold(why) => {
                 assert!(why.contains("CORRUPT") && why.contains("c-etcd-2"), "{why}")
             }
-            other => panic!("expected wait, got {other:?}"),
+            other => panic!("expected a hold, got {other:?}"),
         }
     }
 
@@ -1577,8 +1584,8 @@ mod tests {
         );
         obs.failed_members = BTreeSet::from([999]);
         match plan_next_step(&obs) {
-            Plan::Wait(why) => assert!(why.contains("3e7") && why.contains("by hand"), "{why}"),
-            other => panic!("expected wait, got {other:?}"),
+            Plan::Hold(why) => assert!(why.contains("3e7") && why.contains("by hand"), "{why}"),
+            other => panic!("expected a hold, got {other:?}"),
         }
         // A failed foreign voter is not removed either.
         let mut obs = with_members(
@@ -1591,7 +1598,7 @@ mod tests {
             ],
         );
         obs.failed_members = BTreeSet::from([999]);
-        assert!(matches!(plan_next_step(&obs), Plan::Wait(_)));
+        assert!(matches!(plan_next_step(&obs), Plan::Hold(_)));
     }
 
     #[test]
@@ -1665,7 +1672,7 @@ mod tests {
         obs.etcd = EtcdObservation::Unreachable("context deadline exceeded".into());
         obs.failed_members = BTreeSet::from([100, 101]);
         match plan_next_step(&obs) {
-            Plan::Wait(why) => {
+            Plan::Hold(why) => {
                 assert!(
                     why.contains("quorum lost") && why.contains("snapshot"),
                     "{why}"
@@ -1714,8 +1721,8 @@ mod tests {
             age: std::time::Duration::from_secs(2),
         });
         match plan_next_step(&obs) {
-            Plan::Wait(why) => assert!(why.contains("failed 3 time(s)"), "{why}"),
-            other => panic!("expected wait, got {other:?}"),
+            Plan::Hold(why) => assert!(why.contains("failed 3 time(s)"), "{why}"),
+            other => panic!("expected a hold, got {other:?}"),
         }
         obs.last_failure.as_mut().unwrap().age = std::time::Duration::from_secs(11);
         assert_eq!(plan_next_step(&obs), Plan::Act(Step::RecoverFromNoSpace));

@@ -286,8 +286,14 @@ impl Report {
                 leader: leader == Some(m.member.id),
                 learner: m.member.is_learner,
                 healthy: m.healthy,
-                db_size_bytes: m.status.as_ref().map(|s| s.db_size),
-                db_size_in_use_bytes: m.status.as_ref().map(|s| s.db_size_in_use),
+                db_size_bytes: reported_size(
+                    m.status.as_ref().map(|s| s.db_size),
+                    previous.and_then(|p| p.db_size_bytes),
+                ),
+                db_size_in_use_bytes: reported_size(
+                    m.status.as_ref().map(|s| s.db_size_in_use),
+                    previous.and_then(|p| p.db_size_in_use_bytes),
+                ),
                 message: if m.healthy { None } else { m.error.clone() },
                 unhealthy_since: if m.healthy {
                     None
@@ -414,6 +420,11 @@ impl Report {
         self.set(PROGRESSING, true, "Waiting", why);
     }
 
+    /// Nothing progresses until a person acts: Progressing is False.
+    pub fn held(&mut self, why: &str) {
+        self.set(PROGRESSING, false, "NeedsAttention", why);
+    }
+
     pub fn acted(&mut self, step: &Step, error: Option<&Error>) {
         self.set(PROGRESSING, true, step.kind(), step.to_string());
         // Failures of the same step in a row (the planner backs off on them).
@@ -466,5 +477,54 @@ impl Report {
         .await
         .map_err(Error::ManagementApi)?;
         Ok(true)
+    }
+}
+
+/// The database size shown in status: the last one shown until it moved by
+/// more than a tenth (and at least 1 MiB). A database that grows with every
+/// write would otherwise make every poll a status write of every cluster,
+/// for a figure nobody acts on at that precision.
+pub fn reported_size(now: Option<i64>, shown: Option<i64>) -> Option<i64> {
+    match (now, shown) {
+        (Some(now), Some(shown)) => {
+            let moved = (now - shown).abs();
+            Some(if moved > (shown / 10).max(1 << 20) {
+                now
+            } else {
+                shown
+            })
+        }
+        (now, _) => now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reported_size;
+
+    #[test]
+    fn database_sizes_in_status_move_only_by_a_tenth_or_more() {
+        const MIB: i64 = 1 << 20;
+        assert_eq!(reported_size(Some(5 * MIB), None), Some(5 * MIB));
+        assert_eq!(reported_size(None, Some(5 * MIB)), None);
+        // Small growth keeps what was shown: no status write.
+        assert_eq!(
+            reported_size(Some(5 * MIB + 900_000), Some(5 * MIB)),
+            Some(5 * MIB)
+        );
+        assert_eq!(
+            reported_size(Some(109 * MIB), Some(100 * MIB)),
+            Some(100 * MIB)
+        );
+        // More than a tenth (and a MiB) is shown, either way.
+        assert_eq!(
+            reported_size(Some(112 * MIB), Some(100 * MIB)),
+            Some(112 * MIB)
+        );
+        assert_eq!(
+            reported_size(Some(80 * MIB), Some(100 * MIB)),
+            Some(80 * MIB)
+        );
+        assert_eq!(reported_size(Some(7 * MIB), Some(5 * MIB)), Some(7 * MIB));
     }
 }
