@@ -795,6 +795,8 @@ pub fn observation_from_status(
             )
         })
         .collect();
+    // Offline, volumes are taken as recorded for the member status lists
+    // (what the controller would have written): no bookkeeping step shows.
     let pvcs = ids
         .iter()
         .map(|(o, id)| {
@@ -802,6 +804,8 @@ pub fn observation_from_status(
                 *o,
                 PvcObservation {
                     member_id: Some(*id),
+                    owner_recorded: true,
+                    etcd_version: ordinals.get(o).and_then(|m| m.version.clone()),
                 },
             )
         })

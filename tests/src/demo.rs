@@ -788,7 +788,9 @@ fn plain(step: &Step) -> String {
             format!("start the cluster with {replicas} member(s)")
         }
         Step::ScaleStatefulSet { replicas } => format!("run {replicas} etcd pods"),
-        Step::RecordPvcMember { ordinal, member_id } => {
+        Step::RecordPvcMember {
+            ordinal, member_id, ..
+        } => {
             format!("label the data volume of pod {ordinal} with its member id {member_id:x}")
         }
         other => other.to_string(),

@@ -70,16 +70,10 @@ fn destructive(outcomes: &[Result<Outcome, String>]) -> Vec<Step> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn same_name_in_two_namespaces_conflicts_and_never_overwrites_or_deletes_the_other()
--> Result<()> {
-    if require_etcd(EtcdVersion::V3_5).is_none() {
-        return Ok(());
-    }
-    let (fleet, ctl) = running(&["a"], &[cluster("etcd", "a", 1, "3.5.1")]).await?;
-    put(&fleet, "a", "etcd", 1, "team-a-data").await?;
-
-    // team-b: same name, same workload cluster, its own kubeconfig Secret.
+/// Namespace `team-b` with its own kubeconfig Secret for workload `a`, and
+/// its EtcdCluster `etcd` (1 member, 3.5.1) there: the same name as a
+/// team-a cluster, in the same workload cluster.
+async fn team_b_creates_etcd_on_a(fleet: &Fleet) -> Result<Api<EtcdCluster>> {
     Api::<k8s_openapi::api::core::v1::Namespace>::all(fleet.management_direct())
         .create(
             &PostParams::default(),
@@ -100,6 +94,156 @@ async fn same_name_in_two_namespaces_conflicts_and_never_overwrites_or_deletes_t
     theirs.metadata.namespace = Some("team-b".into());
     let team_b: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), "team-b");
     team_b.create(&PostParams::default(), &theirs).await?;
+    Ok(team_b)
+}
+
+/// Deletes EtcdCluster `name` of [`NS`] and reconciles until it is gone;
+/// its PVCs stay (a StatefulSet's claims outlive it), its pods stop.
+async fn delete_keeping_volumes(fleet: &Fleet, ctl: &TestController, name: &str) -> Result<()> {
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    api.delete(name, &DeleteParams::default()).await?;
+    assert_eq!(ctl.reconcile(NS, name).await?, Outcome::Deleted);
+    anyhow::ensure!(api.get_opt(name).await?.is_none(), "{name} still there");
+    fleet.sync_all().await?;
+    Ok(())
+}
+
+/// The annotations of member PVC `data-<name>-etcd-<ordinal>` in workload `a`.
+async fn pvc_annotations(
+    fleet: &Fleet,
+    name: &str,
+    ordinal: u32,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let pvc = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        fleet.workload_client("a"),
+        WORKLOAD_NS,
+    )
+    .get(&format!("data-{name}-etcd-{ordinal}"))
+    .await?;
+    Ok(pvc.metadata.annotations.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_recreated_over_kept_volumes_refuses_a_downgrade_and_resumes_on_its_version()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_4).is_none() || require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd-a", 1, "kept").await?;
+    // Each volume says whose data it holds and which etcd last ran on it.
+    let recorded = pvc_annotations(&fleet, "etcd-a", 0).await?;
+    assert_eq!(
+        recorded
+            .get("etcdfleet.dev/etcd-version")
+            .map(String::as_str),
+        Some("3.5.1"),
+        "{recorded:?}"
+    );
+    assert_eq!(
+        recorded.get("etcdfleet.dev/owner").map(String::as_str),
+        Some("team-a.etcd-a")
+    );
+    delete_keeping_volumes(&fleet, &ctl, "etcd-a").await?;
+
+    // Recreated asking for 3.4: the 3.5 data must not be started by it.
+    create(&fleet, &cluster("etcd-a", "a", 1, "3.4.23")).await?;
+    fleet.clear_ops();
+    for _ in 0..3 {
+        let outcome = ctl.reconcile(NS, "etcd-a").await?;
+        assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+    }
+    assert!(
+        Api::<StatefulSet>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+            .get_opt("etcd-a-etcd")
+            .await?
+            .is_none(),
+        "no StatefulSet was started on the kept data"
+    );
+    let statefulset_writes: Vec<ApiOp> = workload_writes(&fleet)
+        .into_iter()
+        .filter(|o| o.resource == "statefulsets")
+        .collect();
+    assert!(statefulset_writes.is_empty(), "{statefulset_writes:#?}");
+    let c = get(&fleet, "etcd-a").await?;
+    let (status, reason, message) = conflict_of(&c).context("no Conflict condition")?;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "VersionRejected")
+    );
+    assert!(
+        message.contains("data-etcd-a-etcd-0") && message.contains("3.5.1"),
+        "{message}"
+    );
+
+    // Asking for the version of the data: it starts on it, data intact.
+    patch_spec(&fleet, "etcd-a", serde_json::json!({ "version": "3.5.1" })).await?;
+    let mut ctl = ctl;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    read_everywhere(&fleet, "a", "etcd-a", 1, "kept").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kept_volume_of_another_cluster_is_never_reused_or_deleted() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd", "a", 1, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd", 1, "team-a-data").await?;
+    delete_keeping_volumes(&fleet, &ctl, "etcd").await?;
+    let before = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        fleet.workload_client("a"),
+        WORKLOAD_NS,
+    )
+    .get("data-etcd-etcd-0")
+    .await?;
+
+    // team-b's `etcd` has the same workload names; team-a's volume is there.
+    let team_b = team_b_creates_etcd_on_a(&fleet).await?;
+    fleet.clear_ops();
+    for _ in 0..3 {
+        let outcome = ctl.reconcile("team-b", "etcd").await?;
+        assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+    }
+    let writes = workload_writes(&fleet);
+    assert!(writes.is_empty(), "team-b wrote: {writes:#?}");
+    let (status, reason, message) =
+        conflict_of(&team_b.get("etcd").await?).context("no Conflict condition")?;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ObjectOwnedElsewhere")
+    );
+    assert!(
+        message
+            .contains("PersistentVolumeClaim/etcd-system/data-etcd-etcd-0 (owned by team-a.etcd)"),
+        "{message}"
+    );
+    let after = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        fleet.workload_client("a"),
+        WORKLOAD_NS,
+    )
+    .get("data-etcd-etcd-0")
+    .await?;
+    assert_eq!(before.metadata.uid, after.metadata.uid);
+    assert_eq!(
+        before.metadata.resource_version,
+        after.metadata.resource_version
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn same_name_in_two_namespaces_conflicts_and_never_overwrites_or_deletes_the_other()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, ctl) = running(&["a"], &[cluster("etcd", "a", 1, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd", 1, "team-a-data").await?;
+
+    // team-b: same name, same workload cluster, its own kubeconfig Secret.
+    let team_b = team_b_creates_etcd_on_a(&fleet).await?;
 
     let sts_before = Api::<StatefulSet>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
         .get("etcd-etcd")

@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 
 use super::observe::{
     Observed, PKI_CA_CERT, PKI_CA_KEY, PKI_CLIENT_CERT, PKI_CLIENT_KEY, PVC_MEMBER_ANNOTATION,
+    PVC_OWNER_ANNOTATION, PVC_VERSION_ANNOTATION,
 };
 use super::plan::{ObjectKind, Step};
 use super::resolve::Resolved;
@@ -105,10 +106,21 @@ pub async fn execute(
                 .map_err(err)?;
             Ok(())
         }
-        Step::RecordPvcMember { ordinal, member_id } => {
-            let patch = serde_json::json!({
-                "metadata": { "annotations": { PVC_MEMBER_ANNOTATION: format!("{member_id:x}") } }
+        Step::RecordPvcMember {
+            ordinal,
+            member_id,
+            version,
+        } => {
+            let mut annotations = serde_json::json!({
+                PVC_MEMBER_ANNOTATION: format!("{member_id:x}"),
+                PVC_OWNER_ANNOTATION: resolved.inputs.owner_label(),
             });
+            if let Some(version) = version {
+                annotations[PVC_VERSION_ANNOTATION] = serde_json::json!(version);
+            }
+            // A merge patch of our own annotations only, on the PVC the
+            // observation listed (its owner was checked there).
+            let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
             Api::<PersistentVolumeClaim>::namespaced(client, ns)
                 .patch(
                     &names.pvc(*ordinal),

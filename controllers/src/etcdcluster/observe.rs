@@ -27,6 +27,12 @@ use crate::render::{self, Names, RenderInputs};
 
 /// Annotation on a member PVC naming the etcd member id (hex) whose data it holds.
 pub const PVC_MEMBER_ANNOTATION: &str = "etcdfleet.dev/member-id";
+/// Annotation on a member PVC naming the EtcdCluster whose data it holds
+/// (the owner label's value; a claim template's labels cannot change, so the
+/// owner is recorded here once the member runs).
+pub const PVC_OWNER_ANNOTATION: &str = "etcdfleet.dev/owner";
+/// Annotation on a member PVC: the etcd version that last ran on its data.
+pub const PVC_VERSION_ANNOTATION: &str = "etcdfleet.dev/etcd-version";
 /// Keys of the management-side PKI Secret.
 pub const PKI_CA_CERT: &str = "ca.crt";
 pub const PKI_CA_KEY: &str = "ca.key";
@@ -303,6 +309,36 @@ pub async fn observe(
                 .map(|o| (o, p))
         })
         .collect();
+    // Pods and PVCs at our names that another EtcdCluster holds (the
+    // selector labels are the same for one name in two namespaces): never
+    // restarted, deleted or reused. Unlabelled pods and unrecorded PVCs are
+    // this cluster's StatefulSet's (older releases did not mark them).
+    for (kind, name, theirs) in pods
+        .values()
+        .map(|p| {
+            (
+                "Pod",
+                p.name_any(),
+                render::owner_of(p.meta()).map(str::to_string),
+            )
+        })
+        .chain(pvcs.values().map(|p| {
+            (
+                "PersistentVolumeClaim",
+                p.name_any(),
+                p.annotations().get(PVC_OWNER_ANNOTATION).cloned(),
+            )
+        }))
+    {
+        if let Some(theirs) = theirs
+            && theirs != owner
+        {
+            conflicts.push(ForeignObject {
+                object: format!("{kind}/{ns}/{name}"),
+                owner: Some(theirs),
+            });
+        }
+    }
 
     // etcd
     let etcd_config = EtcdConfig {
@@ -410,6 +446,8 @@ pub async fn observe(
                             .annotations()
                             .get(PVC_MEMBER_ANNOTATION)
                             .and_then(|s| u64::from_str_radix(s, 16).ok()),
+                        owner_recorded: p.annotations().get(PVC_OWNER_ANNOTATION) == Some(&owner),
+                        etcd_version: p.annotations().get(PVC_VERSION_ANNOTATION).cloned(),
                     },
                 )
             })

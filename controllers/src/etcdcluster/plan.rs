@@ -69,10 +69,16 @@ pub struct PodObservation {
 }
 
 /// One member PVC as observed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PvcObservation {
     /// The etcd member id whose data this volume holds, once recorded.
     pub member_id: Option<u64>,
+    /// This cluster's owner is recorded on it (a PVC recorded for another
+    /// owner is a conflict, never used or deleted).
+    pub owner_recorded: bool,
+    /// The etcd version that last ran on this data, once recorded: what a
+    /// cluster recreated over kept volumes must not downgrade or skip.
+    pub etcd_version: Option<String>,
 }
 
 /// What etcd itself said.
@@ -192,10 +198,12 @@ pub enum Step {
     ScaleStatefulSet {
         replicas: u32,
     },
-    /// Record on a PVC which member's data it holds.
+    /// Record on a PVC which member's data it holds, its owner and the etcd
+    /// version running on it.
     RecordPvcMember {
         ordinal: u32,
         member_id: u64,
+        version: Option<String>,
     },
     /// Delete a member's pod and PVC: their data belongs to a removed member.
     DeleteStaleStorage {
@@ -283,10 +291,18 @@ impl fmt::Display for Step {
             Step::ScaleStatefulSet { replicas } => {
                 write!(f, "set StatefulSet replicas to {replicas}")
             }
-            Step::RecordPvcMember { ordinal, member_id } => {
+            Step::RecordPvcMember {
+                ordinal,
+                member_id,
+                version,
+            } => {
                 write!(
                     f,
-                    "record member {member_id:x} on the PVC of ordinal {ordinal}"
+                    "record member {member_id:x}{} on the PVC of ordinal {ordinal}",
+                    version
+                        .as_ref()
+                        .map(|v| format!(" (etcd {v})"))
+                        .unwrap_or_default()
                 )
             }
             Step::DeleteStaleStorage { ordinal } => write!(
@@ -480,16 +496,26 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
     }
 
     // Record which member each PVC holds as soon as both exist, so that data
-    // of a member that is later removed is recognised as stale.
+    // of a member that is later removed is recognised as stale; with it the
+    // owner, and the etcd version running on the data (kept volumes of a
+    // deleted cluster must not be started on an older or too new etcd).
     for m in health.members() {
+        let running = m
+            .status
+            .as_ref()
+            .map(|s| s.version.clone())
+            .filter(|v| !v.is_empty());
         if let Some(ordinal) = ordinal_of(m.member.id)
             && let Some(pvc) = obs.pvcs.get(&ordinal)
-            && pvc.member_id.is_none()
             && obs.pods.get(&ordinal).is_some_and(|p| p.running)
+            && (pvc.member_id.is_none()
+                || (pvc.member_id == Some(m.member.id)
+                    && (!pvc.owner_recorded || (running.is_some() && pvc.etcd_version != running))))
         {
             return Plan::Act(Step::RecordPvcMember {
                 ordinal,
                 member_id: m.member.id,
+                version: running,
             });
         }
     }
@@ -869,6 +895,24 @@ fn refusal(obs: &Observation) -> Option<Refusal> {
             ),
         });
     }
+    // Data on the volumes, as last recorded: decisive when no member runs
+    // (a cluster recreated over kept volumes), a second check otherwise.
+    if let Some(requested) = &obs.requested_version {
+        for (ordinal, pvc) in &obs.pvcs {
+            if let Some(data) = &pvc.etcd_version
+                && let Err(rejection) = etcdfleet_api::version::decide(Some(data), requested)
+            {
+                return Some(Refusal {
+                    reason: "VersionRejected",
+                    message: format!(
+                        "PVC {} holds data last run by etcd {data}: {}",
+                        obs.names.pvc(*ordinal),
+                        rejection.message()
+                    ),
+                });
+            }
+        }
+    }
     if let (Some(requested), EtcdObservation::Observed(health)) =
         (&obs.requested_version, &obs.etcd)
     {
@@ -1008,6 +1052,8 @@ mod tests {
                         o,
                         PvcObservation {
                             member_id: Some(100 + u64::from(o)),
+                            owner_recorded: true,
+                            etcd_version: Some("3.5.1".into()),
                         },
                     )
                 })
@@ -1122,6 +1168,8 @@ mod tests {
             1,
             PvcObservation {
                 member_id: Some(101),
+                owner_recorded: true,
+                etcd_version: Some("3.5.1".into()),
             },
         );
         assert_eq!(
@@ -1139,12 +1187,13 @@ mod tests {
             converged(2, 3),
             vec![member(0, true, true, false), member(1, true, false, true)],
         );
-        obs.pvcs.insert(1, PvcObservation { member_id: None });
+        obs.pvcs.insert(1, PvcObservation::default());
         assert_eq!(
             plan_next_step(&obs),
             Plan::Act(Step::RecordPvcMember {
                 ordinal: 1,
-                member_id: 101
+                member_id: 101,
+                version: Some("3.5.1".into()),
             })
         );
     }
@@ -1278,10 +1327,80 @@ mod tests {
             Plan::Act(Step::DeleteStaleStorage { ordinal: 2 })
         );
         // fresh volume: it comes back as a learner at the same ordinal
-        obs.pvcs.insert(2, PvcObservation { member_id: None });
+        obs.pvcs.insert(2, PvcObservation::default());
         assert_eq!(
             plan_next_step(&obs),
             Plan::Act(Step::AddLearner { ordinal: 2 })
+        );
+    }
+
+    #[test]
+    fn volumes_record_their_owner_and_the_etcd_version_running_on_them() {
+        let mut obs = converged(3, 3);
+        obs.pvcs.get_mut(&1).unwrap().owner_recorded = false;
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RecordPvcMember {
+                ordinal: 1,
+                member_id: 101,
+                version: Some("3.5.1".into()),
+            })
+        );
+        // After an upgrade the version on the volume follows the member.
+        let mut obs = converged(3, 3);
+        obs.pvcs.get_mut(&2).unwrap().etcd_version = Some("3.4.23".into());
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RecordPvcMember {
+                ordinal: 2,
+                member_id: 102,
+                version: Some("3.5.1".into()),
+            })
+        );
+        // A volume recorded for another member is stale storage, not re-recorded.
+        let mut obs = converged(3, 3);
+        let pvc = obs.pvcs.get_mut(&2).unwrap();
+        pvc.member_id = Some(999);
+        pvc.owner_recorded = false;
+        assert!(!matches!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RecordPvcMember { .. })
+        ));
+    }
+
+    #[test]
+    fn kept_volumes_of_a_newer_or_much_older_etcd_refuse_the_bootstrap() {
+        // The cluster was deleted with its volumes kept, and recreated.
+        let mut obs = converged(3, 3);
+        obs.statefulset = None;
+        obs.pods.clear();
+        obs.etcd = EtcdObservation::Unreachable("no pods".into());
+        obs.known_voters = 0;
+        obs.requested_version = Some("3.4.23".into());
+        match plan_next_step(&obs) {
+            Plan::Refuse(r) => {
+                assert_eq!(r.reason, "VersionRejected");
+                assert!(
+                    r.message.contains("data-c-etcd-0") && r.message.contains("3.5.1"),
+                    "{}",
+                    r.message
+                );
+                assert!(r.message.contains("downgrade"), "{}", r.message);
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        for pvc in obs.pvcs.values_mut() {
+            pvc.etcd_version = Some("3.3.27".into());
+        }
+        obs.requested_version = Some("3.5.1".into());
+        assert!(matches!(plan_next_step(&obs), Plan::Refuse(_)));
+        // The same version (or the next minor) starts on the kept data.
+        for pvc in obs.pvcs.values_mut() {
+            pvc.etcd_version = Some("3.5.1".into());
+        }
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::Bootstrap { replicas: 3 })
         );
     }
 
@@ -1297,11 +1416,11 @@ mod tests {
         );
         obs.failed_members = BTreeSet::from([101, 102]);
         match plan_next_step(&obs) {
-            Plan::Wait(why) => {
+            Plan::Hold(why) => {
                 assert!(why.contains("quorum lost"), "{why}");
                 assert!(why.contains("restore from a backup"), "{why}");
             }
-            other => panic!("expected wait, got {other:?}"),
+            other => panic!("expected a hold, got {other:?}"),
         }
     }
 
@@ -1321,6 +1440,8 @@ mod tests {
             2,
             PvcObservation {
                 member_id: Some(102),
+                owner_recorded: true,
+                ..Default::default()
             },
         );
         obs.failed_members = BTreeSet::from([102]);
