@@ -791,6 +791,7 @@ pub fn observation_from_status(
                     ready: m.healthy,
                     restart_count: 0,
                     deleting: false,
+                    ready_means_etcd_healthy: true,
                 },
             )
         })

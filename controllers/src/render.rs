@@ -590,6 +590,11 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
         volume_mounts: Some(mounts),
         startup_probe: Some(probe(24, 5)),
         liveness_probe: Some(probe(8, 0)),
+        // Ready = etcd's own health check passes in the pod (the member has a
+        // leader, no alarm): the controller's second vantage point, so a
+        // member it cannot reach but the workload cluster sees healthy is a
+        // network problem, never a member to replace.
+        readiness_probe: Some(probe(3, 0)),
         ..Default::default()
     };
     let overrides = &inputs.pod;

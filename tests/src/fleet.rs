@@ -489,6 +489,7 @@ impl Fleet {
                     .collect(),
             ),
             opened: Arc::default(),
+            blocked: Arc::default(),
         })
     }
 
@@ -694,6 +695,9 @@ async fn create_namespace(admin: &Client, name: &str) -> Result<()> {
 pub struct FleetDialer {
     runtimes: Arc<BTreeMap<String, Weak<WorkloadRuntime>>>,
     opened: Arc<std::sync::atomic::AtomicU64>,
+    /// Member hosts (prefixes) the controller cannot reach: a partition
+    /// between the controller and those members only.
+    blocked: Arc<Mutex<Vec<String>>>,
 }
 
 impl FleetDialer {
@@ -722,6 +726,18 @@ impl FleetDialer {
         Ok(format!("{scheme}://{ip}:{port}{path}"))
     }
 
+    /// From now on, dials of members whose host starts with `prefix` (e.g. a
+    /// pod name) fail as if the network between the controller and them
+    /// were cut; the members themselves keep running and talking to each other.
+    pub fn block(&self, prefix: &str) {
+        self.blocked.lock().expect("lock").push(prefix.to_string());
+    }
+
+    /// Lifts every [`block`](Self::block).
+    pub fn unblock_all(&self) {
+        self.blocked.lock().expect("lock").clear();
+    }
+
     /// TCP connections opened so far.
     pub fn connections_opened(&self) -> u64 {
         self.opened.load(Ordering::Relaxed)
@@ -738,9 +754,22 @@ impl EtcdDialer for FleetDialer {
         workload: &WorkloadCluster,
         member: &http::Uri,
     ) -> BoxFuture<'static, std::io::Result<EtcdStream>> {
+        let host = member.host().unwrap_or_default().to_string();
+        let blocked = self
+            .blocked
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|prefix| host.starts_with(prefix.as_str()));
         let mapped = self.dial_url(&workload.server, &member.to_string());
         let opened = self.opened.clone();
         Box::pin(async move {
+            if blocked {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!("{host}: unreachable from the controller (test partition)"),
+                ));
+            }
             let mapped: http::Uri = mapped
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e))?
                 .parse()

@@ -53,8 +53,11 @@
 //! `--listen-peer-urls` and `--listen-metrics-urls` arguments to the pod's
 //! IP. Nothing else of a pod's configuration is changed.
 //!
-//! Not emulated: readiness/liveness probes (ready means "alive and the client
-//! port accepts TCP"), resources, security contexts, read-only mounts, init
+//! **Readiness** is the container's HTTP readiness probe, run on every sync
+//! at the pod's IP (ready on 2xx/3xx within 500 ms); a container without one
+//! is ready when alive and its client port accepts TCP.
+//!
+//! Not emulated: liveness and startup probes, resources, security contexts, read-only mounts, init
 //! and sidecar containers (only the first container runs), any command other
 //! than etcd.
 //!
@@ -93,6 +96,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(10);
 const TERMINATION_GRACE: Duration = Duration::from_secs(5);
 const READY_PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// etcd answers its serializable `/health` locally; a member without a
+/// leader answers 503 at once.
+const HTTP_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
@@ -254,6 +260,26 @@ fn substitute_listen_urls(args: &[String], ip: Ipv4Addr) -> Vec<String> {
     out
 }
 
+/// An HTTP readiness probe as the kubelet runs it: a GET within the probe
+/// timeout, ready on a 2xx or 3xx answer.
+async fn http_probe(addr: SocketAddr, path: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await?;
+        Ok::<_, std::io::Error>(head)
+    };
+    match tokio::time::timeout(HTTP_PROBE_TIMEOUT, probe).await {
+        // "HTTP/1.x NNN"
+        Ok(Ok(head)) => matches!(head.get(9), Some(b'2' | b'3')),
+        _ => false,
+    }
+}
+
 /// The first `--listen-client-urls` address, for the readiness check.
 fn client_listen_addr(args: &[String]) -> Option<SocketAddr> {
     let mut iter = args.iter();
@@ -304,6 +330,10 @@ struct PodRun {
     last_terminated: Option<Value>,
     waiting: Option<Waiting>,
     client_addr: Option<SocketAddr>,
+    /// The container's HTTP readiness probe at the pod's IP (address, path),
+    /// evaluated as the kubelet does; without one, ready means the client
+    /// port accepts connections.
+    readiness_http: Option<(SocketAddr, String)>,
     claims: Vec<PodKey>,
 }
 
@@ -1097,6 +1127,7 @@ impl Inner {
             last_terminated: None,
             waiting: None,
             client_addr: None,
+            readiness_http: None,
             claims: Vec::new(),
         });
 
@@ -1160,13 +1191,14 @@ impl Inner {
 
         let alive = run.process.as_ref().is_some_and(EtcdProcess::is_running);
         let ready = alive
-            && match run.client_addr {
-                Some(addr) => matches!(
+            && match (&run.readiness_http, run.client_addr) {
+                (Some((addr, path)), _) => http_probe(*addr, path).await,
+                (None, Some(addr)) => matches!(
                     tokio::time::timeout(READY_PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr))
                         .await,
                     Ok(Ok(_))
                 ),
-                None => true,
+                (None, None) => true,
             };
         let status = pod_status(pod, run, ip, alive, ready)?;
         if pod.status.as_ref() != Some(&status) {
@@ -1242,6 +1274,17 @@ impl Inner {
         );
         let args = substitute_listen_urls(&args, ip);
         run.client_addr = client_listen_addr(&args);
+        run.readiness_http = container
+            .readiness_probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .and_then(|g| match &g.port {
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port) => Some((
+                    SocketAddr::from((ip, u16::try_from(*port).ok()?)),
+                    g.path.clone().unwrap_or_else(|| "/".into()),
+                )),
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(_) => None,
+            });
 
         let (mounts, claims) = self.prepare_volumes(pod, container, &run.pod_dir).await?;
         run.claims = claims;

@@ -645,6 +645,60 @@ async fn a_foreign_member_is_reported_and_never_removed() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_unreachable_from_the_controller_but_healthy_in_etcd_is_never_replaced()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, _) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd-a", 3, "before-the-partition").await?;
+    // The network between the controller and member 2 is cut; the members
+    // still talk to each other, and the kubelet's readiness probe (etcd's own
+    // /health in the pod) keeps passing. A fresh controller: no open
+    // connection to member 2 survives from before the cut.
+    let dialer = fleet.dialer();
+    dialer.block("etcd-a-etcd-2.");
+    let ctl = TestController::new(
+        fleet.management(),
+        fleet.client_factory(),
+        dialer.clone(),
+        fast_settings(),
+    );
+    let grace = fast_settings().member_failure_grace;
+    let outcomes = reconcile_for(
+        &ctl,
+        "etcd-a",
+        grace * (etcdfleet_controllers::etcdcluster::plan::READY_POD_GRACE_FACTOR + 1),
+    )
+    .await;
+    assert!(destructive(&outcomes).is_empty(), "{outcomes:?}");
+    match outcomes.last() {
+        Some(Ok(Outcome::Held(why))) => assert!(
+            why.contains("etcd-a-etcd-2") && why.contains("health check in its pod passes"),
+            "{why}"
+        ),
+        other => panic!("expected a hold naming the member, got {other:?}"),
+    }
+    let pod = Api::<Pod>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+        .get("etcd-a-etcd-2")
+        .await?;
+    let ready = pod
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    assert!(ready, "etcd's own health check passes in the pod");
+    // (A member whose own health check fails too is replaced after the
+    // grace: `a_wiped_member_is_replaced_without_losing_an_acknowledged_write`.)
+    // The network comes back: nothing was replaced, the data is all there.
+    dialer.unblock_all();
+    assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+    read_everywhere(&fleet, "a", "etcd-a", 3, "before-the-partition").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scale_down_is_refused_while_a_member_is_unhealthy() -> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());

@@ -495,6 +495,13 @@ fn pod_observation(pod: &Pod) -> PodObservation {
         ready: container.is_some_and(|c| c.ready),
         restart_count: container.map_or(0, |c| c.restart_count),
         deleting: pod.meta().deletion_timestamp.is_some(),
+        ready_means_etcd_healthy: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.readiness_probe.as_ref())
+            .and_then(|p| p.http_get.as_ref())
+            .is_some_and(|g| g.path.as_deref().is_some_and(|p| p.starts_with("/health"))),
     }
 }
 

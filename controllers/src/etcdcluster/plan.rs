@@ -66,6 +66,9 @@ pub struct PodObservation {
     pub ready: bool,
     pub restart_count: i32,
     pub deleting: bool,
+    /// The pod's readiness is etcd's own health check (its template has the
+    /// readiness probe; pods of older templates are ready once running).
+    pub ready_means_etcd_healthy: bool,
 }
 
 /// One member PVC as observed.
@@ -583,10 +586,16 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
             // Unreachable (no answer at all, not even status) yet ready: a
             // member that answers but is unhealthy (a wiped disk, another
             // cluster's data) is failed whatever its serializable probe says.
-            if m.status.is_none()
-                && obs.pods.get(&o).is_some_and(|p| p.ready && p.running)
-                && !obs.failed_long_ago.contains(id)
-            {
+            let ready_pod = obs.pods.get(&o).filter(|p| p.ready && p.running);
+            if m.status.is_none() && ready_pod.is_some_and(|p| p.ready_means_etcd_healthy) {
+                return Plan::Hold(format!(
+                    "member {} does not answer the controller, but etcd's health check in its \
+                     pod passes: it is not replaced; check the network between the controller \
+                     and the workload cluster (port-forward or pod network)",
+                    obs.names.pod(o)
+                ));
+            }
+            if m.status.is_none() && ready_pod.is_some() && !obs.failed_long_ago.contains(id) {
                 return Plan::Wait(format!(
                     "member {} does not answer the controller but its pod is ready: not \
                      replaced yet (given {READY_POD_GRACE_FACTOR} failure grace periods); \
@@ -1030,6 +1039,7 @@ mod tests {
             ready: true,
             restart_count: 0,
             deleting: false,
+            ready_means_etcd_healthy: false,
         }
     }
 
@@ -1737,8 +1747,27 @@ mod tests {
             Plan::Wait(why) => assert!(why.contains("pod is ready"), "{why}"),
             other => panic!("expected wait, got {other:?}"),
         }
-        // Past the longer grace, it is replaced after all.
+        // Past the longer grace, it is replaced after all: without a
+        // readiness probe, ready only means the process runs.
         obs.failed_long_ago = BTreeSet::from([102]);
+        assert!(matches!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RemoveMember { member_id: 102, .. })
+        ));
+        // When readiness is etcd's own health check, the workload cluster's
+        // view wins however long the controller cannot reach it.
+        obs.pods.get_mut(&2).unwrap().ready_means_etcd_healthy = true;
+        match plan_next_step(&obs) {
+            Plan::Hold(why) => {
+                assert!(
+                    why.contains("etcd's health check in its pod passes"),
+                    "{why}"
+                )
+            }
+            other => panic!("expected a hold, got {other:?}"),
+        }
+        // Not ready (etcd's check fails too): a failed member, replaced.
+        obs.pods.get_mut(&2).unwrap().ready = false;
         assert!(matches!(
             plan_next_step(&obs),
             Plan::Act(Step::RemoveMember { member_id: 102, .. })
