@@ -71,6 +71,9 @@ pub struct Metrics {
     backup_size: Family<ClusterLabels, Gauge>,
     backup_duration: Histogram,
     backup_failures: Family<ClusterReasonLabels, Counter>,
+    /// The failure reasons counted per cluster, so a deleted cluster's
+    /// series can be dropped.
+    backup_failure_reasons: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -161,6 +164,7 @@ impl Metrics {
             backup_size,
             backup_duration,
             backup_failures,
+            backup_failure_reasons: Mutex::new(HashMap::new()),
         }
     }
 
@@ -251,8 +255,40 @@ impl Metrics {
         self.backup_duration.observe(took.as_secs_f64());
     }
 
+    /// Drops every series of `cluster` (`namespace/name`): it was deleted.
+    pub fn forget_cluster(&self, cluster: &str) {
+        self.set_cluster_conditions(cluster, None);
+        self.backup_last_success
+            .lock()
+            .expect("metrics lock poisoned")
+            .remove(cluster);
+        let labels = ClusterLabels {
+            cluster: cluster.to_string(),
+        };
+        self.backup_age.remove(&labels);
+        self.backup_size.remove(&labels);
+        let reasons = self
+            .backup_failure_reasons
+            .lock()
+            .expect("metrics lock poisoned")
+            .remove(cluster)
+            .unwrap_or_default();
+        for reason in reasons {
+            self.backup_failures.remove(&ClusterReasonLabels {
+                cluster: cluster.to_string(),
+                reason,
+            });
+        }
+    }
+
     /// A backup attempt of `cluster` failed with `reason`.
     pub fn observe_backup_failure(&self, cluster: &str, reason: &str) {
+        self.backup_failure_reasons
+            .lock()
+            .expect("metrics lock poisoned")
+            .entry(cluster.to_string())
+            .or_default()
+            .insert(reason.to_string());
         self.backup_failures
             .get_or_create(&ClusterReasonLabels {
                 cluster: cluster.to_string(),
@@ -350,5 +386,19 @@ mod tests {
             m.encode()
                 .contains(r#"etcdfleet_clusters{condition="Available",status="True"} 1"#)
         );
+    }
+
+    #[test]
+    fn a_deleted_cluster_leaves_no_series_behind() {
+        let m = Metrics::new();
+        m.set_cluster_conditions("a/gone", Some(&[condition("Available", "True")]));
+        m.observe_backup_success("a/gone", 1024, Duration::from_secs(1));
+        m.observe_backup_failure("a/gone", "Unreachable");
+        m.observe_backup_success("a/kept", 2048, Duration::from_secs(1));
+        assert!(m.encode().contains("cluster=\"a/gone\""));
+        m.forget_cluster("a/gone");
+        let text = m.encode();
+        assert!(!text.contains("a/gone"), "{text}");
+        assert!(text.contains("cluster=\"a/kept\""), "{text}");
     }
 }

@@ -668,14 +668,11 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
     if let Some(location) = KubeconfigLocation::of(cluster) {
         ctx.connector.forget(&location);
     }
-    ctx.metrics.set_cluster_conditions(
-        &format!(
-            "{}/{}",
-            cluster.namespace().unwrap_or_default(),
-            cluster.name_any()
-        ),
-        None,
-    );
+    ctx.metrics.forget_cluster(&format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    ));
     match api
         .patch(
             &cluster.name_any(),
