@@ -33,6 +33,9 @@ async fn drive(
     while started.elapsed() < Duration::from_secs(300) {
         let outcome = ctl.reconcile(NS, name).await;
         let current = get(fleet, name).await?;
+        if std::env::var_os("ETCDFLEET_BENCH_TRACE").is_some() {
+            eprintln!("{:>7.3}s {outcome:?}", started.elapsed().as_secs_f64());
+        }
         let delay = match &outcome {
             Ok(Outcome::Converged) if done(&current) => return Ok(started.elapsed()),
             Ok(o) => in_flight_requeue(o, &ctl.ctx, &current)

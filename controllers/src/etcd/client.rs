@@ -219,7 +219,11 @@ where
             Err(e) if retry(&e) && started.elapsed() + backoff < total => {
                 tracing::debug!(error = %e, ?backoff, "etcd call refused, retrying");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                // etcd's refusals here last a known few seconds (a member
+                // started less than 5 s ago does not count as connected):
+                // asking again every half second ends the wait within 0.5 s
+                // of it, at the cost of a refused call.
+                backoff = backoff.mul_f64(1.5).min(Duration::from_millis(500));
             }
             Err(e) => return Err(e),
         }

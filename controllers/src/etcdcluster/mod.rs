@@ -101,7 +101,7 @@ pub struct Context {
     /// Converged observations, to skip re-reading static objects.
     pub memo: memo::ObservationMemo,
     /// Per cluster, how many short requeues in a row while an operation is
-    /// in flight (the next one waits twice as long, up to `requeue_progress`).
+    /// in flight (the next one waits half as long again, up to `requeue_progress`).
     pub in_flight: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// Per cluster, how many holds in a row for the same generation (each
     /// waits twice as long as the one before).
@@ -284,7 +284,7 @@ pub fn cluster_key(cluster: &EtcdCluster) -> String {
 }
 
 /// While an operation is in flight, look again soon: 100 ms after a step
-/// (its effect is usually visible within that), then doubling while the
+/// (its effect is usually visible within that), then growing by half while the
 /// planner waits, up to `requeue_progress`. `None` once the cluster is
 /// converged, paused, blocked or gone (the slow poll applies).
 pub fn in_flight_requeue(
@@ -306,10 +306,11 @@ pub fn in_flight_requeue(
     Some(in_flight_delay(attempt, ctx.settings.requeue_progress))
 }
 
-/// 100 ms × 2^attempt, at most `cap`.
+/// 100 ms × 1.5^attempt, at most `cap`: growing slowly enough that a
+/// member becoming healthy is seen within half the time waited so far.
 pub fn in_flight_delay(attempt: u32, cap: Duration) -> Duration {
     Duration::from_millis(100)
-        .saturating_mul(1u32 << attempt.min(16))
+        .mul_f64(1.5f64.powi(attempt.min(32) as i32))
         .min(cap)
 }
 
@@ -779,12 +780,15 @@ mod tests {
     }
 
     #[test]
-    fn in_flight_requeues_start_at_100ms_and_double_up_to_the_progress_poll() {
+    fn in_flight_requeues_start_at_100ms_and_grow_by_half_up_to_the_progress_poll() {
         let cap = Duration::from_secs(2);
-        let delays: Vec<u64> = (0..7)
+        let delays: Vec<u64> = (0..10)
             .map(|n| in_flight_delay(n, cap).as_millis() as u64)
             .collect();
-        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(
+            delays,
+            vec![100, 150, 225, 337, 506, 759, 1139, 1708, 2000, 2000]
+        );
         assert_eq!(in_flight_delay(u32::MAX, cap), cap);
     }
 

@@ -502,25 +502,12 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
     // of a member that is later removed is recognised as stale; with it the
     // owner, and the etcd version running on the data (kept volumes of a
     // deleted cluster must not be started on an older or too new etcd).
-    for m in health.members() {
-        let running = m
-            .status
-            .as_ref()
-            .map(|s| s.version.clone())
-            .filter(|v| !v.is_empty());
-        if let Some(ordinal) = ordinal_of(m.member.id)
-            && let Some(pvc) = obs.pvcs.get(&ordinal)
-            && obs.pods.get(&ordinal).is_some_and(|p| p.running)
-            && (pvc.member_id.is_none()
-                || (pvc.member_id == Some(m.member.id)
-                    && (!pvc.owner_recorded || (running.is_some() && pvc.etcd_version != running))))
-        {
-            return Plan::Act(Step::RecordPvcMember {
-                ordinal,
-                member_id: m.member.id,
-                version: running,
-            });
-        }
+    // (Owner and version of an already recorded volume are brought up to
+    // date once nothing else is left to do, not between the steps of an
+    // operation.)
+    if let Some(step) = record_pvc_step(obs, health, &ordinal_of, |pvc, _| pvc.member_id.is_none())
+    {
+        return Plan::Act(step);
     }
 
     // 3. A learner in flight (one this controller added: a foreign learner,
@@ -860,7 +847,40 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
                 .unwrap_or_default()
         ));
     }
+    if let Some(step) = record_pvc_step(obs, health, &ordinal_of, |pvc, running| {
+        pvc.member_id.is_some()
+            && (!pvc.owner_recorded || (running.is_some() && pvc.etcd_version.as_ref() != running))
+    }) {
+        return Plan::Act(step);
+    }
     Plan::Converged
+}
+
+/// The first volume `wanted` says needs its annotations (re)written: one
+/// whose member runs in a started pod and holds that member's data (a volume
+/// recorded for another member is stale storage, handled on its own).
+fn record_pvc_step(
+    obs: &Observation,
+    health: &ClusterHealth,
+    ordinal_of: &dyn Fn(u64) -> Option<u32>,
+    wanted: impl Fn(&PvcObservation, Option<&String>) -> bool,
+) -> Option<Step> {
+    health.members().iter().find_map(|m| {
+        let running = m
+            .status
+            .as_ref()
+            .map(|s| s.version.clone())
+            .filter(|v| !v.is_empty());
+        let ordinal = ordinal_of(m.member.id)?;
+        let pvc = obs.pvcs.get(&ordinal)?;
+        let ours = pvc.member_id.is_none_or(|id| id == m.member.id);
+        (ours && obs.pods.get(&ordinal).is_some_and(|p| p.running) && wanted(pvc, running.as_ref()))
+            .then(|| Step::RecordPvcMember {
+                ordinal,
+                member_id: m.member.id,
+                version: running,
+            })
+    })
 }
 
 /// Why nothing may be done at all, if so. Checked before every step.
