@@ -875,7 +875,7 @@ fn record_pvc_step(
         let pvc = obs.pvcs.get(&ordinal)?;
         let ours = pvc.member_id.is_none_or(|id| id == m.member.id);
         (ours && obs.pods.get(&ordinal).is_some_and(|p| p.running) && wanted(pvc, running.as_ref()))
-            .then(|| Step::RecordPvcMember {
+            .then_some(Step::RecordPvcMember {
                 ordinal,
                 member_id: m.member.id,
                 version: running,
