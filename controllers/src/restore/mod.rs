@@ -13,6 +13,8 @@ use tracing::info;
 use crate::backup::store::{Store, StoreError, read_credentials};
 use crate::etcdcluster::plan::{Observation, Refusal, RestoreGate};
 
+pub mod seed;
+
 /// Whether rendered members can seed themselves from the snapshot (the
 /// `restore-seed` init container). Until they can, a verified restore is
 /// refused rather than bootstrapped empty.
