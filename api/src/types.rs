@@ -303,6 +303,10 @@ pub struct TemplateRef {
 #[x_kube(validation = Rule::new("!has(oldSelf.kubeconfigSecretRef) || (has(self.kubeconfigSecretRef) && self.kubeconfigSecretRef == oldSelf.kubeconfigSecretRef)").message("kubeconfigSecretRef is immutable once set").field_path(".kubeconfigSecretRef"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.tls) || !has(oldSelf.tls.enabled) || (has(self.tls) && has(self.tls.enabled) && self.tls.enabled == oldSelf.tls.enabled)").message("tls.enabled is immutable once set").field_path(".tls.enabled"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.size) || (has(self.storage) && has(self.storage.size) && self.storage.size == oldSelf.storage.size)").message("storage.size is immutable once set: it can be neither changed nor removed").field_path(".storage.size"))]
+// Restore is identity too: a running cluster cannot be told it came from
+// another snapshot, nor be given one after creation (it is honoured only at
+// the first bootstrap).
+#[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can be set only when the EtcdCluster is created").field_path(".bootstrap"))]
 pub struct EtcdClusterSpec {
     /// The workload cluster (kubeconfig Secret `<name>-kubeconfig`, key `value`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -320,6 +324,11 @@ pub struct EtcdClusterSpec {
     /// Stop all writes to the workload cluster and to etcd; status is still reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+
+    /// How the cluster starts (e.g. restored from a backup); honoured only
+    /// at the first bootstrap and immutable. See `restore::BootstrapSpec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<crate::restore::BootstrapSpec>,
 
     /// Settings (version, replicas, storage, ...), defaulted from the template.
     #[serde(flatten)]

@@ -838,6 +838,8 @@ pub fn observation_from_status(
         requested_version: None,
         known_voters: members.iter().filter(|m| !m.learner).count() as u32,
         last_failure: None,
+        // A running cluster: the restore gate applies only before bootstrap.
+        restore: Default::default(),
     }
 }
 

@@ -11,6 +11,7 @@ pub mod leader;
 pub mod metrics;
 pub mod pki;
 pub mod render;
+pub mod restore;
 pub mod runner;
 pub mod telemetry;
 

@@ -388,6 +388,16 @@ impl ClusterOptions {
     }
 }
 
+/// What [`LocalEtcdCluster::seeded_single`] hands its seeder.
+#[derive(Debug, Clone)]
+pub struct SeedTarget {
+    pub data_dir: PathBuf,
+    pub name: String,
+    pub initial_cluster: String,
+    pub peer_url: String,
+    pub token: String,
+}
+
 /// One member slot of a [`LocalEtcdCluster`].
 #[derive(Debug)]
 pub struct LocalMember {
@@ -664,6 +674,40 @@ impl LocalEtcdCluster {
             "snapshot restore failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let initial = cluster.initial_cluster();
+        cluster.spawn(i, "new", &initial)?;
+        cluster.wait_healthy(i).await?;
+        Ok(cluster)
+    }
+
+    /// A one-member cluster whose data directory `seed` fills before etcd
+    /// starts on it (as an init container would): `seed` gets the member's
+    /// data dir, name, initial cluster, peer URL and cluster token.
+    pub async fn seeded_single<F, Fut>(binary: EtcdBinary, seed: F) -> Result<LocalEtcdCluster>
+    where
+        F: FnOnce(SeedTarget) -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        let dir = tempfile::Builder::new()
+            .prefix("etcdfleet-seeded-")
+            .tempdir()?;
+        let mut cluster = LocalEtcdCluster {
+            members: Vec::new(),
+            tls: None,
+            token: format!("etcdfleet-seeded-{}", std::process::id()),
+            extra_args: Vec::new(),
+            dir,
+        };
+        let i = cluster.allocate_member(binary)?;
+        let m = &cluster.members[i];
+        seed(SeedTarget {
+            data_dir: m.data_dir.clone(),
+            name: m.name.clone(),
+            initial_cluster: format!("{}={}", m.name, m.peer_url()),
+            peer_url: m.peer_url(),
+            token: cluster.token.clone(),
+        })
+        .await?;
         let initial = cluster.initial_cluster();
         cluster.spawn(i, "new", &initial)?;
         cluster.wait_healthy(i).await?;

@@ -108,6 +108,9 @@ const REVISION_LABEL: &str = "controller-revision-hash";
 #[derive(Debug, Clone, Default)]
 pub struct ImageTable {
     rules: Vec<(ImageMatch, PathBuf)>,
+    /// Non-etcd commands an image provides (init containers): `(image, command
+    /// basename) -> binary`.
+    commands: Vec<(ImageMatch, String, PathBuf)>,
 }
 
 #[derive(Debug, Clone)]
@@ -128,11 +131,20 @@ impl ImageTable {
         let v34 = EtcdBinary::locate(EtcdVersion::V3_4).etcd;
         let v35 = EtcdBinary::locate(EtcdVersion::V3_5).etcd;
         let mut table = ImageTable::empty();
+        let b34 = EtcdBinary::locate(EtcdVersion::V3_4);
+        let b35 = EtcdBinary::locate(EtcdVersion::V3_5);
         for tag in ["v3.4.23", "3.4.23", "3.4.23-0"] {
-            table = table.with_tag(tag, &v34);
+            table = table
+                .with_tag(tag, &v34)
+                .with_tag_command(tag, "etcdctl", &b34.etcdctl);
         }
         for tag in ["v3.5.1", "3.5.1", "3.5.1-0"] {
-            table = table.with_tag(tag, &v35);
+            table = table
+                .with_tag(tag, &v35)
+                .with_tag_command(tag, "etcdctl", &b35.etcdctl);
+            if let Some(etcdutl) = &b35.etcdutl {
+                table = table.with_tag_command(tag, "etcdutl", etcdutl);
+            }
         }
         table
     }
@@ -149,6 +161,50 @@ impl ImageTable {
         self.rules
             .push((ImageMatch::Tag(tag.to_string()), binary.into()));
         self
+    }
+
+    /// Maps the command `command` (its basename, e.g. `etcdutl`) run from
+    /// exactly `image` onto a local binary (init containers).
+    pub fn with_command(mut self, image: &str, command: &str, binary: impl Into<PathBuf>) -> Self {
+        self.commands.push((
+            ImageMatch::Exact(image.to_string()),
+            command.to_string(),
+            binary.into(),
+        ));
+        self
+    }
+
+    /// Like [`with_command`](Self::with_command), for any image with this tag.
+    pub fn with_tag_command(
+        mut self,
+        tag: &str,
+        command: &str,
+        binary: impl Into<PathBuf>,
+    ) -> Self {
+        self.commands.push((
+            ImageMatch::Tag(tag.to_string()),
+            command.to_string(),
+            binary.into(),
+        ));
+        self
+    }
+
+    /// The binary behind `command` (any path; its basename is matched) in
+    /// `image`, if mapped and present on disk. Exact rules win over tag rules.
+    pub fn resolve_command(&self, image: &str, command: &str) -> Option<PathBuf> {
+        let name = Path::new(command).file_name()?.to_str()?;
+        let tag = image_tag(image);
+        let exact = self.commands.iter().find_map(|(m, c, p)| match m {
+            ImageMatch::Exact(i) if i == image && c == name => Some(p),
+            _ => None,
+        });
+        let by_tag = || {
+            self.commands.iter().find_map(|(m, c, p)| match m {
+                ImageMatch::Tag(t) if Some(t.as_str()) == tag && c == name => Some(p),
+                _ => None,
+            })
+        };
+        exact.or_else(by_tag).filter(|p| p.is_file()).cloned()
     }
 
     /// The binary for `image`, if mapped and present on disk. Exact rules win
@@ -335,6 +391,10 @@ struct PodRun {
     /// port accepts connections.
     readiness_http: Option<(SocketAddr, String)>,
     claims: Vec<PodKey>,
+    /// Init containers that exited 0, in order (the kubelet never reruns
+    /// them for this pod UID).
+    init_done: usize,
+    init_process: Option<EtcdProcess>,
 }
 
 #[derive(Default)]
@@ -1129,12 +1189,17 @@ impl Inner {
             client_addr: None,
             readiness_http: None,
             claims: Vec::new(),
+            init_done: 0,
+            init_process: None,
         });
 
         // A pod being deleted (seeded with deletionTimestamp): stop it.
         if pod.metadata.deletion_timestamp.is_some() {
             if let Some(p) = run.process.take() {
                 p.terminate(TERMINATION_GRACE).await;
+            }
+            if let Some(p) = run.init_process.take() {
+                p.kill().await;
             }
             return Ok(());
         }
@@ -1170,7 +1235,9 @@ impl Inner {
             ));
         }
 
-        if run.process.is_none() && Instant::now() >= run.next_start {
+        // Main containers start only after every init container exited 0.
+        let initialized = self.advance_init_containers(pod, ip, run).await;
+        if initialized && run.process.is_none() && Instant::now() >= run.next_start {
             match self.start_container(pod, ip, run).await {
                 Ok(process) => {
                     if run.ever_started {
@@ -1313,6 +1380,133 @@ impl Inner {
             .inspect(
                 |_| tracing::debug!(pod = %pod.name_any(), namespace = %ns, "container started"),
             )
+    }
+
+    /// Runs the pod's init containers in order, one at a time, as real
+    /// processes with the pod's env and mounts; a failure is retried with the
+    /// pod's backoff (`Init:CrashLoopBackOff`). True once all exited 0.
+    async fn advance_init_containers(&self, pod: &Pod, ip: Ipv4Addr, run: &mut PodRun) -> bool {
+        let inits = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.clone())
+            .unwrap_or_default();
+        loop {
+            if run.init_done >= inits.len() {
+                return true;
+            }
+            if let Some(p) = run.init_process.as_ref() {
+                let Some(status) = p.exit_status() else {
+                    run.waiting = Some(Waiting::new(
+                        "PodInitializing",
+                        format!("init container {} running", inits[run.init_done].name),
+                    ));
+                    return false;
+                };
+                run.init_process = None;
+                if status.success() {
+                    run.init_done += 1;
+                    run.backoff = BACKOFF_START;
+                    continue;
+                }
+                run.next_start = Instant::now() + run.backoff;
+                run.backoff = (run.backoff * 2).min(BACKOFF_MAX);
+                run.waiting = Some(Waiting::new(
+                    "Init:CrashLoopBackOff",
+                    format!(
+                        "init container {} exited with {status}",
+                        inits[run.init_done].name
+                    ),
+                ));
+                return false;
+            }
+            if Instant::now() < run.next_start {
+                return false;
+            }
+            match self
+                .start_init_container(pod, ip, run, &inits[run.init_done])
+                .await
+            {
+                Ok(p) => run.init_process = Some(p),
+                Err(w) => {
+                    run.waiting = Some(w);
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Starts one init container: its command's basename resolves through
+    /// the image table's command rules.
+    async fn start_init_container(
+        &self,
+        pod: &Pod,
+        ip: Ipv4Addr,
+        run: &mut PodRun,
+        container: &Container,
+    ) -> std::result::Result<EtcdProcess, Waiting> {
+        let image = container.image.clone().unwrap_or_default();
+        let env = self.container_env(pod, container, ip).await?;
+        let lookup = |name: &str| {
+            env.iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let mut argv: Vec<String> = container
+            .command
+            .iter()
+            .flatten()
+            .chain(container.args.iter().flatten())
+            .map(|a| expand_k8s_vars(a, lookup))
+            .collect();
+        if argv.is_empty() {
+            return Err(Waiting::new(
+                "RunContainerError",
+                format!("init container {} has no command", container.name),
+            ));
+        }
+        let program = argv.remove(0);
+        let binary = self
+            .images
+            .resolve_command(&image, &program)
+            .ok_or_else(|| {
+                Waiting::new(
+                    "ErrImagePull",
+                    format!(
+                        "command {program:?} of image {image:?} is not in the runtime's image table"
+                    ),
+                )
+            })?;
+        let (mounts, claims) = self.prepare_volumes(pod, container, &run.pod_dir).await?;
+        for c in claims {
+            if !run.claims.contains(&c) {
+                run.claims.push(c);
+            }
+        }
+        let spec = ProcessSpec {
+            binary,
+            args: argv,
+            env,
+            log_file: run.log_file.clone(),
+            hosts_file: Some(self.hosts_file.clone()),
+        };
+        if let Ok(mut log) = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&run.log_file)
+        {
+            let _ = writeln!(
+                log,
+                "--- {} init container {}: {} {}",
+                now_rfc3339(),
+                container.name,
+                spec.binary.display(),
+                spec.args.join(" ")
+            );
+        }
+        EtcdProcess::spawn_with_mounts(&spec, &mounts)
+            .map_err(|e| Waiting::new("RunContainerError", format!("{e:#}")))
     }
 
     async fn container_env(
@@ -1651,13 +1845,23 @@ fn pod_status(
         "startTime": run.pod_started,
         "conditions": [
             { "type": "PodScheduled", "status": "True" },
-            { "type": "Initialized", "status": "True" },
+            { "type": "Initialized", "status": flag(initialized(pod, run)) },
             { "type": "ContainersReady", "status": flag(ready) },
             { "type": "Ready", "status": flag(ready) },
         ],
         "containerStatuses": [container_status],
     });
     Ok(serde_json::from_value(status)?)
+}
+
+/// Whether every init container of `pod` exited 0.
+fn initialized(pod: &Pod, run: &PodRun) -> bool {
+    let inits = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map_or(0, Vec::len);
+    run.init_done >= inits
 }
 
 /// Deletes a pod, tolerating that it is already gone.

@@ -658,3 +658,74 @@ fn cel_identity_fields_are_immutable_once_set() {
     // Switching from clusterRef to an explicit Secret moves the cluster too.
     assert!(messages(by_secret.validate_cel_update(&with_ref(""))).contains(REF_MSG));
 }
+
+#[test]
+fn cel_restore_names_a_backup_or_a_checked_object() {
+    let sha = "a".repeat(64);
+    let by_backup = with_ref("  bootstrap: {restore: {backupName: nightly}}\n");
+    assert!(
+        by_backup.validate_cel().is_ok(),
+        "{}",
+        messages(by_backup.validate_cel())
+    );
+    let direct = with_ref(&format!(
+        "  bootstrap:\n    restore:\n      destination: {{path: /backups}}\n      objectKey: shop/1.db\n      sha256: {sha}\n      sizeBytes: 42\n"
+    ));
+    assert!(
+        direct.validate_cel().is_ok(),
+        "{}",
+        messages(direct.validate_cel())
+    );
+
+    let cases = [
+        (
+            "  bootstrap: {restore: {}}\n".to_string(),
+            "exactly one of backupName (an EtcdBackup) or objectKey",
+        ),
+        (
+            format!(
+                "  bootstrap: {{restore: {{backupName: b, objectKey: k, destination: {{path: /b}}, sha256: {sha}}}}}\n"
+            ),
+            "exactly one of backupName",
+        ),
+        (
+            "  bootstrap: {restore: {objectKey: shop/1.db, destination: {path: /b}}}\n".to_string(),
+            "objectKey needs destination and sha256",
+        ),
+        (
+            format!("  bootstrap: {{restore: {{backupName: b, sha256: {sha}}}}}\n"),
+            "with backupName, destination, sha256 and sizeBytes come from the EtcdBackup",
+        ),
+        (
+            "  bootstrap: {restore: {objectKey: k, destination: {path: /b}, sha256: ABC}}\n"
+                .to_string(),
+            "sha256 must be 64 lowercase hex digits",
+        ),
+        (
+            "  bootstrap: {restore: {backupName: ''}}\n".to_string(),
+            "backupName must not be empty",
+        ),
+    ];
+    for (spec, expected) in cases {
+        let msg = messages(with_ref(&spec).validate_cel());
+        assert!(msg.contains(expected), "{spec:?}: {msg:?}");
+    }
+}
+
+#[test]
+fn cel_bootstrap_is_set_only_at_creation() {
+    const MSG: &str = "spec.bootstrap: bootstrap is immutable: it can be set only when the EtcdCluster is created";
+    let plain = with_ref("");
+    let restored = with_ref("  bootstrap: {restore: {backupName: nightly}}\n");
+    assert!(restored.validate_cel_update(&restored).is_ok());
+    assert!(plain.validate_cel_update(&plain).is_ok());
+    let other = with_ref("  bootstrap: {restore: {backupName: weekly}}\n");
+    for (new, old, what) in [
+        (&restored, &plain, "added to a running cluster"),
+        (&plain, &restored, "removed"),
+        (&other, &restored, "retargeted"),
+    ] {
+        let msg = messages(new.validate_cel_update(old));
+        assert!(msg.contains(MSG), "{what}: {msg:?}");
+    }
+}

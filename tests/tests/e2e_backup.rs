@@ -349,6 +349,21 @@ async fn scheduled_backups_land_in_s3_and_a_directory_and_retention_keeps_the_ne
         )),
         "{metrics}"
     );
+    // Every pruning delete names the UID it read: a same-named EtcdBackup
+    // made since is not deleted in its place.
+    let deletes: Vec<_> = fleet
+        .ops()
+        .into_iter()
+        .filter(|op| op.verb == "delete" && op.resource == "etcdbackups")
+        .collect();
+    assert!(!deletes.is_empty(), "retention pruned nothing");
+    for op in &deletes {
+        let uid = op
+            .body
+            .as_ref()
+            .and_then(|b| b["preconditions"]["uid"].as_str());
+        assert!(uid.is_some_and(|u| !u.is_empty()), "{op:?}");
+    }
     Ok(())
 }
 

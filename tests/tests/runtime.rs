@@ -671,3 +671,204 @@ async fn an_unknown_image_leaves_the_pod_pending_with_err_image_pull() -> Result
     assert_eq!(fleet.runtime("alpha").process_count().await, 0);
     Ok(())
 }
+
+/// `etcd_statefulset(1)` with `inits` as init containers and `volumes` added.
+fn with_init_containers(
+    inits: serde_json::Value,
+    volumes: serde_json::Value,
+) -> Result<StatefulSet> {
+    let mut v = serde_json::to_value(etcd_statefulset(1))?;
+    v["spec"]["template"]["spec"]["initContainers"] = inits;
+    v["spec"]["template"]["spec"]["volumes"] = volumes;
+    Ok(serde_json::from_value(v)?)
+}
+
+fn initialized(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Initialized")
+        .map(|c| c.status.clone())
+}
+
+fn waiting_reason(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .reason
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_run_in_order_with_env_and_mounts_before_etcd_starts_on_their_data()
+-> Result<()> {
+    let Some(binary) = require_etcd(EtcdVersion::V3_5) else {
+        return Ok(());
+    };
+    // A snapshot with a key, taken from a scratch etcd.
+    let source = etcdfleet_tests::etcd_harness::LocalEtcdCluster::start(
+        etcdfleet_tests::etcd_harness::ClusterOptions::new(1, binary.clone()),
+    )
+    .await?;
+    let url = source.member(0).client_url();
+    let put = std::process::Command::new(&binary.etcdctl)
+        .env("ETCDCTL_API", "3")
+        .args([
+            format!("--endpoints={url}"),
+            "put".into(),
+            "seeded".into(),
+            "yes".into(),
+        ])
+        .output()?;
+    anyhow::ensure!(put.status.success(), "{put:?}");
+    let dir = tempfile::tempdir()?;
+    let snap = dir.path().join("s.db");
+    let save = std::process::Command::new(&binary.etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={url}"))
+        .args(["snapshot", "save"])
+        .arg(&snap)
+        .output()?;
+    anyhow::ensure!(save.status.success(), "{save:?}");
+    drop(source);
+
+    let fleet = Fleet::new(&["alpha"]).await?;
+    let kube = fleet.workload_client("alpha");
+    let runtime = fleet.runtime("alpha");
+    put_config(&kube, 1, "new").await?;
+    // The snapshot arrives through a Secret volume, the token through a
+    // secretKeyRef, the initial cluster through a configMapKeyRef.
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("seed".into()),
+            namespace: Some(NS.into()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                (
+                    "snapshot.db".to_string(),
+                    k8s_openapi::ByteString(std::fs::read(&snap)?),
+                ),
+                (
+                    "token".to_string(),
+                    k8s_openapi::ByteString(b"c-etcd".to_vec()),
+                ),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(kube.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let sts = with_init_containers(
+        json!([
+            {
+                "name": "check",
+                "image": IMAGE,
+                "command": ["etcdutl", "snapshot", "status", "/var/lib/etcdfleet-seed/snapshot.db"],
+                "volumeMounts": [{ "name": "seed", "mountPath": "/var/lib/etcdfleet-seed" }],
+            },
+            {
+                "name": "restore",
+                "image": IMAGE,
+                "command": ["/usr/local/bin/etcdutl"],
+                "args": [
+                    "snapshot", "restore", "/var/lib/etcdfleet-seed/snapshot.db",
+                    "--data-dir=/var/lib/etcd/data",
+                    "--name=$(POD_NAME)",
+                    "--initial-cluster=$(ETCD_INITIAL_CLUSTER)",
+                    format!("--initial-advertise-peer-urls=http://$(POD_NAME).{PEER_SERVICE}.{NS}.svc:2380"),
+                    "--initial-cluster-token=$(TOKEN)",
+                ],
+                "env": [
+                    { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+                    { "name": "ETCD_INITIAL_CLUSTER", "valueFrom": { "configMapKeyRef": { "name": "c-etcd-config", "key": "initial-cluster" } } },
+                    { "name": "TOKEN", "valueFrom": { "secretKeyRef": { "name": "seed", "key": "token" } } },
+                ],
+                "volumeMounts": [
+                    { "name": "data", "mountPath": "/var/lib/etcd" },
+                    { "name": "seed", "mountPath": "/var/lib/etcdfleet-seed" },
+                ],
+            },
+        ]),
+        json!([{ "name": "seed", "secret": { "secretName": "seed" } }]),
+    )?;
+    Api::<StatefulSet>::namespaced(kube.clone(), NS)
+        .create(&PostParams::default(), &sts)
+        .await?;
+    let p = sync_until(runtime, &kube, "c-etcd-0", "ready", is_ready).await?;
+    assert_eq!(initialized(&p).as_deref(), Some("True"));
+    let log = runtime.pod_log_tail(NS, "c-etcd-0", 200);
+    let check = log.find("init container check").context("check ran")?;
+    let restore = log.find("init container restore").context("restore ran")?;
+    let etcd = log.find("starting").context("etcd started")?;
+    assert!(check < restore && restore < etcd, "{log}");
+    // etcd started on the data the init container restored.
+    let mut client = etcd_client(&fleet, "alpha", "c-etcd-0").await?;
+    assert_eq!(
+        get_value(&mut client, "seeded").await?.as_deref(),
+        Some("yes")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_init_container_keeps_the_pod_not_ready_and_etcd_not_started() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["alpha"]).await?;
+    let kube = fleet.workload_client("alpha");
+    let runtime = fleet.runtime("alpha");
+    put_config(&kube, 1, "new").await?;
+    let sts = with_init_containers(
+        json!([{
+            "name": "fails",
+            "image": IMAGE,
+            "command": ["etcdutl", "snapshot", "status", "/nonexistent/snapshot.db"],
+        }]),
+        json!([]),
+    )?;
+    Api::<StatefulSet>::namespaced(kube.clone(), NS)
+        .create(&PostParams::default(), &sts)
+        .await?;
+    let p = sync_until(runtime, &kube, "c-etcd-0", "init backoff", |p| {
+        waiting_reason(p).as_deref() == Some("Init:CrashLoopBackOff")
+    })
+    .await?;
+    assert_eq!(initialized(&p).as_deref(), Some("False"));
+    assert!(!is_ready(&p));
+    // Retried with backoff (a second run after the first delay), never etcd.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        runtime.sync().await?;
+        let runs = runtime
+            .pod_log_tail(NS, "c-etcd-0", 200)
+            .matches("init container fails")
+            .count();
+        if runs >= 2 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("the failed init container was not retried");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !runtime
+            .pod_log_tail(NS, "c-etcd-0", 200)
+            .contains("starting")
+    );
+    assert!(!is_ready(&pod(&kube, "c-etcd-0").await?));
+    Ok(())
+}

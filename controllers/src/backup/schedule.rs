@@ -19,7 +19,7 @@ use etcdfleet_api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
@@ -343,12 +343,19 @@ async fn prune(ctx: &Context, ns: &str, backup: &EtcdBackup) -> Result<()> {
         }
     }
     let api: Api<EtcdBackup> = Api::namespaced(ctx.cluster.management.clone(), ns);
-    match api
-        .delete(&backup.name_any(), &DeleteParams::default())
-        .await
-    {
+    // Delete exactly the EtcdBackup whose objects were just removed: a
+    // same-named backup created since (a schedule retrying its name) has
+    // another UID and is left alone (409 from the precondition).
+    let params = DeleteParams {
+        preconditions: backup.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&backup.name_any(), &params).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(Error::ManagementApi(e)),
     }
 }

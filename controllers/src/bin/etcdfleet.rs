@@ -73,6 +73,18 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         member_failure_grace_seconds: u64,
     },
+    /// Seed a member's data directory from a snapshot (the init container of
+    /// a restoring cluster's first member).
+    ///
+    /// Fetches the object, checks its size and SHA-256, runs `etcdutl
+    /// snapshot restore` (or `etcdctl` for 3.4) into --data-dir and records
+    /// a marker next to it. A data directory already restored from this
+    /// snapshot is left alone (exit 0); one with other data is refused
+    /// (exit 1). S3 credentials come from the environment:
+    /// ETCDFLEET_RESTORE_ACCESS_KEY_ID, ETCDFLEET_RESTORE_SECRET_ACCESS_KEY,
+    /// ETCDFLEET_RESTORE_SESSION_TOKEN.
+    #[command(verbatim_doc_comment)]
+    RestoreSeed(Box<SeedArgs>),
 }
 
 #[derive(clap::Args)]
@@ -139,6 +151,97 @@ struct RunArgs {
     log_format: Option<LogFormat>,
 }
 
+#[derive(clap::Args)]
+struct SeedArgs {
+    /// The destination as JSON (an ObjectStoreDestination: bucket or path, endpoint, ...).
+    #[arg(long)]
+    destination: String,
+    /// Key of the snapshot object.
+    #[arg(long)]
+    object_key: String,
+    /// Hex SHA-256 the object must have.
+    #[arg(long)]
+    sha256: String,
+    /// Bytes the object must hold.
+    #[arg(long)]
+    size_bytes: Option<u64>,
+    /// etcd's --data-dir.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// The member's --name.
+    #[arg(long)]
+    name: String,
+    /// --initial-cluster of the restored member.
+    #[arg(long)]
+    initial_cluster: String,
+    /// --initial-advertise-peer-urls of the restored member.
+    #[arg(long)]
+    initial_advertise_peer_urls: String,
+    /// --initial-cluster-token.
+    #[arg(long)]
+    initial_cluster_token: String,
+    /// Path of etcdutl (3.5+) or etcdctl (3.4).
+    #[arg(long)]
+    restore_tool: PathBuf,
+}
+
+fn restore_seed(args: &SeedArgs) -> ExitCode {
+    use etcdfleet_controllers::backup::store::Credentials;
+    use etcdfleet_controllers::restore::seed::{self, SeedRequest};
+    let destination = match serde_json::from_str(&args.destination) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: --destination is not an ObjectStoreDestination: {e}");
+            return ExitCode::from(EXIT_INPUT_ERROR);
+        }
+    };
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let credentials = match (
+        env(seed::ENV_ACCESS_KEY_ID),
+        env(seed::ENV_SECRET_ACCESS_KEY),
+    ) {
+        (Some(access_key_id), Some(secret_access_key)) => Some(Credentials {
+            access_key_id,
+            secret_access_key,
+            session_token: env(seed::ENV_SESSION_TOKEN),
+        }),
+        _ => None,
+    };
+    let req = SeedRequest {
+        destination,
+        credentials,
+        object_key: args.object_key.clone(),
+        sha256: args.sha256.clone(),
+        size_bytes: args.size_bytes,
+        data_dir: args.data_dir.clone(),
+        name: args.name.clone(),
+        initial_cluster: args.initial_cluster.clone(),
+        initial_advertise_peer_urls: args.initial_advertise_peer_urls.clone(),
+        initial_cluster_token: args.initial_cluster_token.clone(),
+        restore_tool: args.restore_tool.clone(),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(seed::seed(&req)) {
+        Ok(outcome) => {
+            println!("restore-seed: {outcome:?} ({})", req.object_key);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("restore-seed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -161,6 +264,7 @@ fn main() -> ExitCode {
             files,
             member_failure_grace_seconds,
         } => plan(&files, member_failure_grace_seconds),
+        Command::RestoreSeed(args) => restore_seed(&args),
     }
 }
 

@@ -547,7 +547,7 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
     };
 
     // observe
-    let observed = match traced(
+    let mut observed = match traced(
         step_span("observe", key),
         observe::observe(cluster, &resolved, &workload, ctx, &report),
     )
@@ -567,6 +567,20 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
     ctx.connector.record_success(&location);
     report.remote_reachable(&workload.server);
     report.observed(&observed);
+    // A cluster restoring from a snapshot checks it before its first write.
+    if crate::restore::needed(cluster, &observed.planner) {
+        let gate = traced(step_span("restore", key), async {
+            crate::restore::gate(&ctx.management, cluster)
+                .await
+                .map_err(Error::ManagementApi)
+        })
+        .await?;
+        report.restore_checked(&gate);
+        if let plan::RestoreGate::Refused(r) = &gate {
+            publish(ctx, cluster, EventType::Warning, r.reason, &r.message).await;
+        }
+        observed.planner.restore = gate;
+    }
 
     // plan
     let plan = {

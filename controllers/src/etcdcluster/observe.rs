@@ -462,6 +462,8 @@ pub async fn observe(
         requested_version: Some(inputs.version.clone()),
         known_voters: old_status.members.iter().filter(|m| !m.learner).count() as u32,
         last_failure,
+        // Filled by `crate::restore::gate` when the cluster restores.
+        restore: Default::default(),
     };
     Ok(Observed {
         planner,

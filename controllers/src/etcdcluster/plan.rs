@@ -130,6 +130,23 @@ pub struct Observation {
     /// The last step, if it failed: a step that keeps failing is retried with
     /// exponential backoff, never in a tight loop.
     pub last_failure: Option<FailedStep>,
+    /// A cluster bootstrapping from a snapshot (`spec.bootstrap.restore`):
+    /// whether the snapshot was verified (see [`RestoreGate`]).
+    pub restore: RestoreGate,
+}
+
+/// The snapshot check of a cluster that restores, made before its first
+/// workload write.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RestoreGate {
+    /// No restore, or the cluster was bootstrapped already (the field is
+    /// honoured only at the first bootstrap).
+    #[default]
+    NotNeeded,
+    /// The backup resolved and the object has the recorded size and SHA-256.
+    Verified,
+    /// The snapshot cannot be used: nothing is written to the workload cluster.
+    Refused(Refusal),
 }
 
 /// A workload object this cluster would write or delete, held by another owner.
@@ -412,6 +429,14 @@ pub const QUORUM_LOSS_HELP: &str = "if the missing members' pods and volumes can
 pub fn plan_next_step(obs: &Observation) -> Plan {
     if let Some(refusal) = refusal(obs) {
         return Plan::Refuse(refusal);
+    }
+    // A restore whose snapshot is missing or corrupt makes nothing: no
+    // Service, no Secret, no StatefulSet (a half-made cluster would start
+    // empty, or mix data).
+    if obs.statefulset.is_none()
+        && let RestoreGate::Refused(refusal) = &obs.restore
+    {
+        return Plan::Refuse(refusal.clone());
     }
     // A step that keeps failing waits out its backoff (no destructive work is
     // redone in a tight loop, e.g. compact + defragment every member).
@@ -1099,6 +1124,7 @@ mod tests {
             storage_change: None,
             requested_version: None,
             known_voters: n,
+            restore: RestoreGate::NotNeeded,
             last_failure: None,
         }
     }
@@ -1135,6 +1161,34 @@ mod tests {
         assert_eq!(
             plan_next_step(&obs),
             Plan::Act(Step::Bootstrap { replicas: 1 })
+        );
+    }
+
+    #[test]
+    fn a_refused_restore_writes_nothing_and_a_verified_one_bootstraps() {
+        let mut obs = converged(0, 3);
+        obs.statefulset = None;
+        obs.known_voters = 0;
+        obs.etcd = EtcdObservation::Unreachable("no member pods".into());
+        obs.stale_objects = vec![
+            ObjectKind::Pki,
+            ObjectKind::PeerService,
+            ObjectKind::MembersConfigMap,
+            ObjectKind::StatefulSet,
+        ];
+        let refused = Refusal {
+            reason: "ChecksumMismatch",
+            message: "snapshot object shop/1.db has SHA-256 ..".into(),
+        };
+        obs.restore = RestoreGate::Refused(refused.clone());
+        assert_eq!(plan_next_step(&obs), Plan::Refuse(refused));
+        obs.restore = RestoreGate::Verified;
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::WriteObjects(vec![
+                ObjectKind::Pki,
+                ObjectKind::PeerService
+            ]))
         );
     }
 

@@ -81,6 +81,24 @@ impl Report {
         self.blocked = Some(refusal.message.clone());
     }
 
+    /// The restore snapshot's check: `RestoreFailed=True` naming the object
+    /// and why, or `False` once it verified.
+    pub fn restore_checked(&mut self, gate: &super::plan::RestoreGate) {
+        use etcdfleet_api::restore::RESTORE_FAILED;
+        match gate {
+            super::plan::RestoreGate::Refused(r) => {
+                self.set(RESTORE_FAILED, true, r.reason, r.message.clone())
+            }
+            super::plan::RestoreGate::Verified => self.set(
+                RESTORE_FAILED,
+                false,
+                "SnapshotVerified",
+                "the snapshot exists with the recorded size and SHA-256",
+            ),
+            super::plan::RestoreGate::NotNeeded => {}
+        }
+    }
+
     /// No conflict stands in the way (clears an earlier `Conflict=True`).
     pub fn no_conflict(&mut self) {
         if self.new.conditions.iter().any(|c| c.type_ == CONFLICT) {
