@@ -399,18 +399,22 @@ pub fn compact_time(t: Timestamp) -> String {
 }
 
 /// The key of a snapshot object:
-/// `[<prefix>/]<namespace>/<cluster>/<UTC time>-<revision>.db`. Keys of one
-/// cluster sort by time; the revision is zero-padded so equal times sort by it.
+/// `[<prefix>/]<namespace>/<cluster>/<UTC time>-<revision>-<EtcdBackup>.db`.
+/// Keys of one cluster sort by time; the revision is zero-padded so equal
+/// times sort by it; the EtcdBackup's name keeps two backups taken in the
+/// same second at the same revision apart (pruning one must not delete the
+/// other's object).
 pub fn object_key(
     prefix: Option<&str>,
     namespace: &str,
     cluster: &str,
     started: Timestamp,
     revision: i64,
+    backup: &str,
 ) -> String {
     let prefix = prefix.map(|p| p.trim_matches('/')).unwrap_or_default();
     let base = format!(
-        "{namespace}/{cluster}/{}-{revision:012}.db",
+        "{namespace}/{cluster}/{}-{revision:012}-{backup}.db",
         compact_time(started)
     );
     if prefix.is_empty() {
@@ -692,15 +696,25 @@ mod tests {
             "shop",
             ts("2026-11-22T06:19:00Z"),
             42,
+            "nightly-202611220619",
         );
-        assert_eq!(a, "backups/team-a/shop/20261122T061900Z-000000000042.db");
+        assert_eq!(
+            a,
+            "backups/team-a/shop/20261122T061900Z-000000000042-nightly-202611220619.db"
+        );
         assert_eq!(
             metadata_key(&a),
-            "backups/team-a/shop/20261122T061900Z-000000000042.json"
+            "backups/team-a/shop/20261122T061900Z-000000000042-nightly-202611220619.json"
         );
-        let b = object_key(None, "team-a", "shop", ts("2026-11-22T10:00:00Z"), 7);
-        assert_eq!(b, "team-a/shop/20261122T100000Z-000000000007.db");
+        let b = object_key(None, "team-a", "shop", ts("2026-11-22T10:00:00Z"), 7, "b");
+        assert_eq!(b, "team-a/shop/20261122T100000Z-000000000007-b.db");
         assert!(a.trim_start_matches("backups/") < b.as_str());
+        // Two backups in the same second at the same revision: two objects.
+        let now = ts("2026-11-22T10:00:00Z");
+        assert_ne!(
+            object_key(None, "team-a", "shop", now, 7, "one"),
+            object_key(None, "team-a", "shop", now, 7, "two")
+        );
     }
 
     #[test]

@@ -127,6 +127,7 @@ pub async fn take(
         &cluster.name_any(),
         now,
         revision,
+        &backup.name_any(),
     );
     let info = stream_to(&store, &key, &member).await?;
     // Read back what the store holds: a short or altered object is caught here.
