@@ -232,6 +232,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<A
         &ctx.held,
         &outcome,
         &cluster,
+        jitter(ctx.settings.requeue_converged, &cluster.name_any()),
         ctx.settings.requeue_converged * 5,
     ) {
         return Ok(Action::requeue(delay));
@@ -243,20 +244,27 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<A
 }
 
 /// A cluster held for a person is looked at again after 1 s, then twice as
-/// long each time it is still held, up to `cap` (five converged polls); a new
-/// generation (the spec changed) starts again at 1 s. `None` (and the count
-/// forgotten) for any other outcome.
+/// long each time it is still held, up to `cap` (five converged polls); a
+/// refused or blocked one (bad spec, a conflict, a snapshot that fails its
+/// check) starts at `blocked_base` (the converged poll) and doubles the same
+/// way. A new generation (the spec changed) starts again. `None` (and the
+/// count forgotten) for any other outcome.
 pub fn held_requeue(
     held: &std::sync::Mutex<std::collections::HashMap<String, (Option<i64>, u32)>>,
     outcome: &Outcome,
     cluster: &EtcdCluster,
+    blocked_base: Duration,
     cap: Duration,
 ) -> Option<Duration> {
     let key = cluster_key(cluster);
     let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
-    let Outcome::Held(_) = outcome else {
-        held.remove(&key);
-        return None;
+    let base = match outcome {
+        Outcome::Held(_) => Duration::from_secs(1),
+        Outcome::Blocked(_) => blocked_base,
+        _ => {
+            held.remove(&key);
+            return None;
+        }
     };
     let generation = cluster.metadata.generation;
     let attempt = match held.get(&key) {
@@ -264,14 +272,12 @@ pub fn held_requeue(
         _ => 0,
     };
     held.insert(key, (generation, attempt));
-    Some(held_delay(attempt, cap))
+    Some(held_delay(base, attempt, cap))
 }
 
-/// 1 s × 2^attempt, at most `cap`.
-pub fn held_delay(attempt: u32, cap: Duration) -> Duration {
-    Duration::from_secs(1)
-        .saturating_mul(1u32 << attempt.min(20))
-        .min(cap)
+/// `base` × 2^attempt, at most `cap`.
+pub fn held_delay(base: Duration, attempt: u32, cap: Duration) -> Duration {
+    base.saturating_mul(1u32 << attempt.min(20)).min(cap)
 }
 
 /// `ns/name` of a cluster.
@@ -762,33 +768,48 @@ mod tests {
     #[test]
     fn a_held_cluster_backs_off_exponentially_until_its_spec_changes_or_it_moves() {
         let held = std::sync::Mutex::default();
-        let cap = Duration::from_secs(300);
+        let (base, cap) = (Duration::from_secs(60), Duration::from_secs(300));
         let mut cluster = EtcdCluster::new("c", Default::default());
         cluster.metadata.namespace = Some("ns".into());
         cluster.metadata.generation = Some(1);
         let hold = Outcome::Held("quorum lost".into());
         let delays: Vec<u64> = (0..11)
-            .map(|_| held_requeue(&held, &hold, &cluster, cap).unwrap().as_secs())
+            .map(|_| {
+                held_requeue(&held, &hold, &cluster, base, cap)
+                    .unwrap()
+                    .as_secs()
+            })
             .collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
         // A spec change (new generation) is looked at again soon.
         cluster.metadata.generation = Some(2);
         assert_eq!(
-            held_requeue(&held, &hold, &cluster, cap),
+            held_requeue(&held, &hold, &cluster, base, cap),
             Some(Duration::from_secs(1))
         );
         assert_eq!(
-            held_requeue(&held, &hold, &cluster, cap),
+            held_requeue(&held, &hold, &cluster, base, cap),
             Some(Duration::from_secs(2))
         );
         // Any other outcome forgets the count; the next hold starts again.
         assert_eq!(
-            held_requeue(&held, &Outcome::Converged, &cluster, cap),
+            held_requeue(&held, &Outcome::Converged, &cluster, base, cap),
             None
         );
         assert!(held.lock().unwrap().is_empty());
+        // Refused or blocked: from the converged poll, doubling to the cap.
+        let blocked = Outcome::Blocked("ObjectOwnedElsewhere".into());
+        let delays: Vec<u64> = (0..4)
+            .map(|_| {
+                held_requeue(&held, &blocked, &cluster, base, cap)
+                    .unwrap()
+                    .as_secs()
+            })
+            .collect();
+        assert_eq!(delays, [60, 120, 240, 300]);
+        held_requeue(&held, &Outcome::Converged, &cluster, base, cap);
         assert_eq!(
-            held_requeue(&held, &hold, &cluster, cap),
+            held_requeue(&held, &hold, &cluster, base, cap),
             Some(Duration::from_secs(1))
         );
     }
