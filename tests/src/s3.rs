@@ -135,3 +135,40 @@ impl Drop for S3Server {
         let _ = self.child.wait();
     }
 }
+
+/// The name of the credentials Secret [`put_credentials`] creates.
+pub const CREDENTIALS: &str = "backup-credentials";
+
+/// Creates the Secret [`CREDENTIALS`] in the fleet's namespace with this
+/// server's keys, under the key names the controller reads.
+pub async fn put_credentials(fleet: &crate::fleet::Fleet) -> Result<()> {
+    use etcdfleet_controllers::backup::store;
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(CREDENTIALS.into()),
+            namespace: Some(fleet.namespace().into()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                (
+                    store::ACCESS_KEY_ID.to_string(),
+                    ByteString(ACCESS_KEY_ID.as_bytes().to_vec()),
+                ),
+                (
+                    store::SECRET_ACCESS_KEY.to_string(),
+                    ByteString(SECRET_ACCESS_KEY.as_bytes().to_vec()),
+                ),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    kube::Api::<Secret>::namespaced(fleet.management_direct(), fleet.namespace())
+        .create(&kube::api::PostParams::default(), &secret)
+        .await?;
+    Ok(())
+}

@@ -18,7 +18,7 @@ use etcdfleet_api::{
     RetentionPolicy,
 };
 use etcdfleet_controllers::backup::schedule::{ScheduleOutcome, reconcile_schedule};
-use etcdfleet_controllers::backup::store::{self, Credentials, Store};
+use etcdfleet_controllers::backup::store::{Credentials, Store};
 use etcdfleet_controllers::backup::{Clock, Context as BackupContext, Outcome, reconcile_backup};
 use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
 use etcdfleet_tests::driver::TestController;
@@ -26,15 +26,12 @@ use etcdfleet_tests::etcd_harness::{
     AckedWriter, EtcdBinary, EtcdVersion, LocalEtcdCluster, require_etcd, verify_acknowledged,
 };
 use etcdfleet_tests::fleet::Fleet;
-use etcdfleet_tests::s3::{ACCESS_KEY_ID, S3Server, SECRET_ACCESS_KEY};
+use etcdfleet_tests::s3::{
+    ACCESS_KEY_ID, CREDENTIALS, S3Server, SECRET_ACCESS_KEY, put_credentials,
+};
 use etcdfleet_tests::scenario::{NS, cluster, etcd_of, get, running};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-
-const CREDENTIALS: &str = "backup-credentials";
 
 /// A clock the test moves forward (schedules fire without waiting minutes).
 struct TestClock(Arc<AtomicI64>);
@@ -56,34 +53,6 @@ impl TestClock {
 
 fn backup_context(ctl: &TestController, clock: Clock) -> BackupContext {
     BackupContext::with_clock(ctl.ctx.clone(), clock)
-}
-
-async fn put_credentials(fleet: &Fleet) -> Result<()> {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(CREDENTIALS.into()),
-            namespace: Some(NS.into()),
-            ..Default::default()
-        },
-        data: Some(
-            [
-                (
-                    store::ACCESS_KEY_ID.to_string(),
-                    ByteString(ACCESS_KEY_ID.as_bytes().to_vec()),
-                ),
-                (
-                    store::SECRET_ACCESS_KEY.to_string(),
-                    ByteString(SECRET_ACCESS_KEY.as_bytes().to_vec()),
-                ),
-            ]
-            .into(),
-        ),
-        ..Default::default()
-    };
-    Api::<Secret>::namespaced(fleet.management_direct(), NS)
-        .create(&PostParams::default(), &secret)
-        .await?;
-    Ok(())
 }
 
 fn test_credentials() -> Credentials {

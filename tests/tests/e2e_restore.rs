@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::backup::phase;
 use etcdfleet_api::restore::{BootstrapSpec, RESTORE_FAILED, RestoreSource, reason};
 use etcdfleet_api::{EtcdBackup, EtcdBackupSpec, EtcdCluster, ObjectStoreDestination};
-use etcdfleet_controllers::backup::store::{self, Credentials, Store};
+use etcdfleet_controllers::backup::store::{Credentials, Store};
 use etcdfleet_controllers::backup::{
     Context as BackupContext, Outcome as BackupOutcome, reconcile_backup,
 };
@@ -16,44 +16,14 @@ use etcdfleet_controllers::restore::SEEDING_UNAVAILABLE;
 use etcdfleet_tests::driver::TestController;
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::Fleet;
-use etcdfleet_tests::s3::{ACCESS_KEY_ID, S3Server, SECRET_ACCESS_KEY};
+use etcdfleet_tests::s3::{
+    ACCESS_KEY_ID, CREDENTIALS, S3Server, SECRET_ACCESS_KEY, put_credentials,
+};
 use etcdfleet_tests::scenario::{NS, WORKLOAD_NS, cluster, create, get, put, running};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use std::time::Duration;
-
-const CREDENTIALS: &str = "backup-credentials";
-
-async fn put_credentials(fleet: &Fleet) -> Result<()> {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(CREDENTIALS.into()),
-            namespace: Some(NS.into()),
-            ..Default::default()
-        },
-        data: Some(
-            [
-                (
-                    store::ACCESS_KEY_ID.to_string(),
-                    ByteString(ACCESS_KEY_ID.as_bytes().to_vec()),
-                ),
-                (
-                    store::SECRET_ACCESS_KEY.to_string(),
-                    ByteString(SECRET_ACCESS_KEY.as_bytes().to_vec()),
-                ),
-            ]
-            .into(),
-        ),
-        ..Default::default()
-    };
-    Api::<Secret>::namespaced(fleet.management_direct(), NS)
-        .create(&PostParams::default(), &secret)
-        .await?;
-    Ok(())
-}
 
 fn open(destination: &ObjectStoreDestination) -> Result<Store> {
     let creds = Credentials {
