@@ -1355,28 +1355,7 @@ impl Inner {
 
         let (mounts, claims) = self.prepare_volumes(pod, container, &run.pod_dir).await?;
         run.claims = claims;
-        let process_spec = ProcessSpec {
-            binary,
-            args,
-            env,
-            log_file: run.log_file.clone(),
-            hosts_file: Some(self.hosts_file.clone()),
-        };
-        if let Ok(mut log) = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&run.log_file)
-        {
-            let _ = writeln!(
-                log,
-                "--- {} starting {} {}",
-                now_rfc3339(),
-                process_spec.binary.display(),
-                process_spec.args.join(" ")
-            );
-        }
-        EtcdProcess::spawn_with_mounts(&process_spec, &mounts)
-            .map_err(|e| Waiting::new("RunContainerError", format!("{e:#}")))
+        self.spawn_logged(run, "starting", binary, args, env, &mounts)
             .inspect(
                 |_| tracing::debug!(pod = %pod.name_any(), namespace = %ns, "container started"),
             )
@@ -1484,9 +1463,24 @@ impl Inner {
                 run.claims.push(c);
             }
         }
+        let what = format!("init container {}:", container.name);
+        self.spawn_logged(run, &what, binary, argv, env, &mounts)
+    }
+
+    /// Spawns one container process with the pod's hosts file, its log in
+    /// the pod's log file, after a `--- <time> <what> <binary> <args>` line.
+    fn spawn_logged(
+        &self,
+        run: &PodRun,
+        what: &str,
+        binary: PathBuf,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        mounts: &[(PathBuf, PathBuf)],
+    ) -> std::result::Result<EtcdProcess, Waiting> {
         let spec = ProcessSpec {
             binary,
-            args: argv,
+            args,
             env,
             log_file: run.log_file.clone(),
             hosts_file: Some(self.hosts_file.clone()),
@@ -1498,14 +1492,13 @@ impl Inner {
         {
             let _ = writeln!(
                 log,
-                "--- {} init container {}: {} {}",
+                "--- {} {what} {} {}",
                 now_rfc3339(),
-                container.name,
                 spec.binary.display(),
                 spec.args.join(" ")
             );
         }
-        EtcdProcess::spawn_with_mounts(&spec, &mounts)
+        EtcdProcess::spawn_with_mounts(&spec, mounts)
             .map_err(|e| Waiting::new("RunContainerError", format!("{e:#}")))
     }
 
