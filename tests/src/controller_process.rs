@@ -60,10 +60,10 @@ pub fn etcdfleet_binary() -> PathBuf {
     bin
 }
 
-/// A loopback port nothing listens on (bound, then released).
+/// A loopback port nothing listens on (bound, then released; picked below the
+/// ephemeral range, see `free_ports`).
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    l.local_addr().expect("local addr").port()
+    crate::etcd_harness::free_ports(1).expect("a free loopback port")[0]
 }
 
 /// A kubeconfig for `server` authenticating with a bearer `token` (the test

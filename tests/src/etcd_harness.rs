@@ -305,14 +305,50 @@ fn log_tail(path: &Path, lines: usize) -> String {
 }
 
 /// Picks `n` distinct free loopback ports (held open together while picking).
+///
+/// The ports come from below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`): a port the kernel hands out for
+/// `bind(:0)` or as the source port of an outgoing connection can be taken by
+/// another test process between this pick and etcd's own bind, which made a
+/// member exit with "address already in use" under a loaded suite. Ports are
+/// random in `[10000, low)`, so parallel test processes rarely pick the same.
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    Ok(listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect::<std::io::Result<Vec<_>>>()?)
+    let low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .filter(|&low| low > 12_000)
+        .unwrap_or(32_768);
+    let span = u64::from(low - 10_000);
+    let mut listeners: Vec<TcpListener> = Vec::with_capacity(n);
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..(n * 200) {
+        if ports.len() == n {
+            break;
+        }
+        let port = 10_000 + (random_u64() % span) as u16;
+        if ports.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            ports.push(port);
+            listeners.push(l);
+        }
+    }
+    ensure!(ports.len() == n, "no {n} free loopback ports below {low}");
+    Ok(ports)
+}
+
+/// A random number, different per call and per process.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    std::time::SystemTime::now().hash(&mut hasher);
+    std::process::id().hash(&mut hasher);
+    COUNTER
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The files of a cluster's TLS material.

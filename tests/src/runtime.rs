@@ -68,7 +68,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -88,7 +87,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::etcd_harness::{EtcdBinary, EtcdProcess, EtcdVersion, ProcessSpec};
+use crate::etcd_harness::{EtcdBinary, EtcdProcess, EtcdVersion, ProcessSpec, random_u64};
 
 const BACKOFF_START: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -444,13 +443,6 @@ impl Drop for BackgroundSync {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn random_u64() -> u64 {
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    std::time::SystemTime::now().hash(&mut hasher);
-    std::process::id().hash(&mut hasher);
-    hasher.finish()
 }
 
 /// A random free `127.X.Y.0/24` (X in 16..=250), locked by a listener on
