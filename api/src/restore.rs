@@ -92,6 +92,45 @@ pub struct ResolvedRestore {
     pub size_bytes: Option<u64>,
 }
 
+/// The snapshot a cluster was bootstrapped from, recorded in
+/// `status.restore` when the controller verified it, before the first
+/// workload write. The seeder is rendered from this record, not from the
+/// spec, so the pod template never changes because the `EtcdBackup` is pruned
+/// later or the controller's default seeder image moves on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreRecord {
+    /// The `EtcdBackup` it came from, when named by `backupName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_name: Option<String>,
+    /// Where the object is.
+    pub destination: ObjectStoreDestination,
+    /// Key of the snapshot object.
+    pub object_key: String,
+    /// Hex SHA-256 the object had when verified.
+    pub sha256: String,
+    /// Bytes the object held when verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// Image of the init container that copies the seeder into the member pod.
+    pub seeder_image: String,
+    /// When the controller verified the object (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_time: Option<String>,
+}
+
+impl RestoreRecord {
+    /// What the seeder must find (destination, key, checksum, size).
+    pub fn expected(&self) -> ResolvedRestore {
+        ResolvedRestore {
+            destination: self.destination.clone(),
+            object_key: self.object_key.clone(),
+            sha256: self.sha256.clone(),
+            size_bytes: self.size_bytes.and_then(|s| u64::try_from(s).ok()),
+        }
+    }
+}
+
 /// Why a restore source cannot be resolved (before any object is read).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {

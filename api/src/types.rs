@@ -440,6 +440,11 @@ pub struct EtcdClusterStatus {
     /// workload cluster. A spec that no longer matches it is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<ManagedIdentity>,
+
+    /// The snapshot this cluster was bootstrapped from (`spec.bootstrap.restore`),
+    /// as verified before the first workload write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<crate::restore::RestoreRecord>,
 }
 
 /// What identifies the etcd an EtcdCluster manages.

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::etcdcluster::ReconcilerSettings;
 
+/// The default `seederImage`: this release's controller image.
+pub const DEFAULT_SEEDER_IMAGE: &str = concat!("etcdfleet/controller:v", env!("CARGO_PKG_VERSION"));
+
 /// Why a configuration cannot be used. Messages name the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -147,6 +150,11 @@ pub struct ControllerConfig {
     /// After SIGTERM, how long in-flight reconciles may finish before the
     /// process exits anyway.
     pub shutdown_grace_seconds: u64,
+    /// Image with the `etcdfleet` binary (this controller's image): the first
+    /// init container of a cluster restoring from a snapshot copies the
+    /// seeder from it into the member pod. Recorded per cluster when its
+    /// restore is verified, so changing it moves no running cluster.
+    pub seeder_image: String,
     /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
     #[serde(skip)]
     selector: LabelSelector,
@@ -169,6 +177,7 @@ impl Default for ControllerConfig {
             max_concurrent_reconciles: 16,
             debounce_milliseconds: 200,
             shutdown_grace_seconds: 10,
+            seeder_image: DEFAULT_SEEDER_IMAGE.to_string(),
             selector: LabelSelector::default(),
         }
     }
@@ -195,6 +204,7 @@ pub struct Overrides {
     pub shutdown_grace_seconds: Option<u64>,
     pub dialer: Option<crate::dialer::DialerKind>,
     pub otlp_endpoint: Option<String>,
+    pub seeder_image: Option<String>,
 }
 
 impl ControllerConfig {
@@ -304,11 +314,20 @@ impl ControllerConfig {
         if let Some(v) = o.otlp_endpoint {
             self.tracing.otlp_endpoint = Some(v);
         }
+        if let Some(v) = o.seeder_image {
+            self.seeder_image = v;
+        }
         self
     }
 
     /// Checks every field and parses the selector.
     pub fn validate(mut self) -> Result<Self, ConfigError> {
+        if self.seeder_image.trim().is_empty() || self.seeder_image.contains(char::is_whitespace) {
+            return Err(invalid(
+                "seederImage",
+                format!("{:?} is not an image reference", self.seeder_image),
+            ));
+        }
         for (field, value) in [
             (
                 "memberFailureGraceSeconds",
@@ -452,6 +471,7 @@ impl ControllerConfig {
             member_failure_grace: Duration::from_secs(self.member_failure_grace_seconds),
             deletion_timeout: Duration::from_secs(self.deletion_timeout_seconds),
             requeue_converged: Duration::from_secs(self.requeue_converged_seconds),
+            seeder_image: self.seeder_image.clone(),
             ..ReconcilerSettings::default()
         }
     }
@@ -855,10 +875,21 @@ data:
                 max_concurrent_reconciles: Some(3),
                 debounce_milliseconds: Some(0),
                 shutdown_grace_seconds: Some(4),
+                seeder_image: Some("registry.example/etcdfleet:v9".into()),
                 ..Overrides::default()
             })
             .validate()
             .unwrap();
+        assert_eq!(c.seeder_image, "registry.example/etcdfleet:v9");
+        assert_eq!(
+            c.reconciler_settings().seeder_image,
+            "registry.example/etcdfleet:v9"
+        );
+        assert!(
+            ControllerConfig::from_yaml("seederImage: ''\n", "c.yaml")
+                .and_then(ControllerConfig::validate)
+                .is_err_and(|e| e.to_string().contains("seederImage"))
+        );
         assert_eq!(c.namespaces, vec!["b"]);
         assert_eq!(c.label_selector.as_deref(), Some("stage=prod"));
         assert!(c.leader_election.enabled);

@@ -13,16 +13,17 @@
 use std::collections::BTreeMap;
 
 use etcdfleet_api::PodTemplateOverrides;
+use etcdfleet_api::restore::RestoreRecord;
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, Namespace, ObjectFieldSelector, PersistentVolumeClaim,
+    Affinity, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    ResourceRequirements, SecretKeySelector, SecretVolumeSource, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -54,6 +55,15 @@ pub const INITIAL_CLUSTER_STATE_KEY: &str = "initial-cluster-state";
 const DATA_MOUNT: &str = "/var/lib/etcd";
 const SERVER_TLS_MOUNT: &str = "/etc/etcd/tls/server";
 const PEER_TLS_MOUNT: &str = "/etc/etcd/tls/peer";
+/// Where the restore seeder is copied to (an `emptyDir` shared by the two
+/// init containers of a restoring member).
+pub const SEEDER_MOUNT: &str = "/opt/etcdfleet";
+/// Keys of the restore credentials Secret in the workload namespace.
+pub const RESTORE_CREDENTIAL_KEYS: [(&str, &str); 3] = [
+    ("accessKeyId", "ETCDFLEET_RESTORE_ACCESS_KEY_ID"),
+    ("secretAccessKey", "ETCDFLEET_RESTORE_SECRET_ACCESS_KEY"),
+    ("sessionToken", "ETCDFLEET_RESTORE_SESSION_TOKEN"),
+];
 
 /// Everything a workload object is rendered from. Field order and names are
 /// part of the hash: add new fields as `Option`s skipped when `None`, so that
@@ -82,6 +92,9 @@ pub struct RenderInputs {
     pub quota_backend_bytes: i64,
     pub snapshot_count: i64,
     pub auto_compaction_retention: String,
+    /// The verified snapshot member 0 is seeded from (`status.restore`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreRecord>,
 }
 
 /// How this controller release renders. Tests switch to a "next release"
@@ -128,6 +141,10 @@ impl Names {
         format!("{}-etcd-peer-tls", self.cluster)
     }
     /// Management-cluster Secret with the CA and the controller's client identity.
+    /// Object-store credentials the restore seeder of member 0 reads.
+    pub fn restore_secret(&self) -> String {
+        format!("{}-etcd-restore", self.cluster)
+    }
     pub fn pki_secret(&self) -> String {
         format!("{}-etcd-pki", self.cluster)
     }
@@ -426,15 +443,152 @@ fn env_configmap(name: &str, configmap: &str, key: &str) -> EnvVar {
     }
 }
 
+/// A member's DNS name with `$(POD_NAME)` for the kubelet to expand.
+fn member_host_template(inputs: &RenderInputs) -> String {
+    format!(
+        "$(POD_NAME).{}.{}.svc",
+        inputs.names().peer_service(),
+        inputs.workload_namespace
+    )
+}
+
+/// etcd's `--initial-cluster-token`: unique per EtcdCluster object.
+fn cluster_token(inputs: &RenderInputs) -> String {
+    format!(
+        "{}-{}",
+        inputs.name,
+        inputs.uid.split('-').next().unwrap_or_default()
+    )
+}
+
+/// The etcd tool that restores a snapshot in this version's image: `etcdutl`
+/// from 3.5 on, `etcdctl` (v3 API) before.
+pub fn restore_tool(version: &str) -> &'static str {
+    let mut parts = version.trim_start_matches('v').split('.');
+    let major: u64 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(3);
+    let minor: u64 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(5);
+    if (major, minor) < (3, 5) {
+        "etcdctl"
+    } else {
+        "etcdutl"
+    }
+}
+
+/// The two init containers of a restoring cluster's members and their shared
+/// volume: `install-seeder` copies the etcdfleet binary from the seeder image
+/// into an `emptyDir`; `restore-seed` runs it in the etcd image (next to
+/// `etcdutl`/`etcdctl`), where it seeds the data directory of a member that
+/// bootstraps a `new` cluster and does nothing for one joining an existing
+/// cluster (see `etcdfleet restore-seed`).
+fn restore_init_containers(
+    inputs: &RenderInputs,
+    record: &RestoreRecord,
+    data_mount: &VolumeMount,
+) -> (Vec<Container>, Volume) {
+    let names = inputs.names();
+    let tools = VolumeMount {
+        name: "etcdfleet-seeder".to_string(),
+        mount_path: SEEDER_MOUNT.to_string(),
+        ..Default::default()
+    };
+    let volume = Volume {
+        name: tools.name.clone(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    let seeder = format!("{SEEDER_MOUNT}/etcdfleet");
+    let install = Container {
+        name: "install-seeder".to_string(),
+        image: Some(record.seeder_image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        command: Some(vec![
+            "etcdfleet".to_string(),
+            "install-seeder".to_string(),
+            seeder.clone(),
+        ]),
+        volume_mounts: Some(vec![tools.clone()]),
+        ..Default::default()
+    };
+    // The destination as the seeder needs it: credentials come from the env.
+    let mut destination = record.destination.clone();
+    destination.credentials_secret_name = None;
+    let s = scheme(inputs.tls);
+    let host = member_host_template(inputs);
+    let mut args = vec![
+        "restore-seed".to_string(),
+        format!(
+            "--destination={}",
+            serde_json::to_string(&destination).expect("destination serializes")
+        ),
+        format!("--object-key={}", record.object_key),
+        format!("--sha256={}", record.sha256),
+    ];
+    if let Some(size) = record.size_bytes {
+        args.push(format!("--size-bytes={size}"));
+    }
+    args.extend([
+        format!("--data-dir={DATA_MOUNT}/data"),
+        "--name=$(POD_NAME)".to_string(),
+        "--initial-cluster=$(ETCD_INITIAL_CLUSTER)".to_string(),
+        "--initial-cluster-state=$(ETCD_INITIAL_CLUSTER_STATE)".to_string(),
+        format!("--initial-advertise-peer-urls={s}://{host}:{PEER_PORT}"),
+        format!("--initial-cluster-token={}", cluster_token(inputs)),
+        format!("--restore-tool={}", restore_tool(&inputs.version)),
+    ]);
+    let mut env = member_env(&names);
+    if record.destination.credentials_secret_name.is_some() {
+        for (key, var) in RESTORE_CREDENTIAL_KEYS {
+            env.push(EnvVar {
+                name: var.to_string(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: names.restore_secret(),
+                        key: key.to_string(),
+                        // A member that joins later (or restarts) needs none.
+                        optional: Some(true),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    let seed = Container {
+        name: "restore-seed".to_string(),
+        image: Some(inputs.image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        command: Some(vec![seeder]),
+        args: Some(args),
+        env: Some(env),
+        volume_mounts: Some(vec![data_mount.clone(), tools]),
+        ..Default::default()
+    };
+    (vec![install, seed], volume)
+}
+
+/// The env every member container gets: its name and the membership the
+/// members ConfigMap announces.
+fn member_env(names: &Names) -> Vec<EnvVar> {
+    vec![
+        env_field("POD_NAME", "metadata.name"),
+        env_field("POD_NAMESPACE", "metadata.namespace"),
+        env_configmap(
+            "ETCD_INITIAL_CLUSTER",
+            &names.members_configmap(),
+            INITIAL_CLUSTER_KEY,
+        ),
+        env_configmap(
+            "ETCD_INITIAL_CLUSTER_STATE",
+            &names.members_configmap(),
+            INITIAL_CLUSTER_STATE_KEY,
+        ),
+    ]
+}
+
 /// etcd's command line for a member; `$(POD_NAME)` is expanded by the kubelet.
 pub fn etcd_args(inputs: &RenderInputs) -> Vec<String> {
-    let names = inputs.names();
     let s = scheme(inputs.tls);
-    let host = format!(
-        "$(POD_NAME).{}.{}.svc",
-        names.peer_service(),
-        inputs.workload_namespace
-    );
+    let host = member_host_template(inputs);
     let mut args = vec![
         "--name=$(POD_NAME)".to_string(),
         format!("--data-dir={DATA_MOUNT}/data"),
@@ -443,11 +597,7 @@ pub fn etcd_args(inputs: &RenderInputs) -> Vec<String> {
         format!("--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}"),
         format!("--advertise-client-urls={s}://{host}:{CLIENT_PORT}"),
         format!("--initial-advertise-peer-urls={s}://{host}:{PEER_PORT}"),
-        format!(
-            "--initial-cluster-token={}-{}",
-            inputs.name,
-            inputs.uid.split('-').next().unwrap_or_default()
-        ),
+        format!("--initial-cluster-token={}", cluster_token(inputs)),
         format!("--heartbeat-interval={}", inputs.heartbeat_interval_millis),
         format!("--election-timeout={}", inputs.election_timeout_millis),
         format!("--quota-backend-bytes={}", inputs.quota_backend_bytes),
@@ -549,26 +699,14 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
         failure_threshold: Some(failure_threshold),
         ..Default::default()
     };
+    let data_mount = mounts[0].clone();
     let container = Container {
         name: "etcd".to_string(),
         image: Some(inputs.image.clone()),
         image_pull_policy: Some("IfNotPresent".to_string()),
         command: Some(vec!["etcd".to_string()]),
         args: Some(etcd_args(inputs)),
-        env: Some(vec![
-            env_field("POD_NAME", "metadata.name"),
-            env_field("POD_NAMESPACE", "metadata.namespace"),
-            env_configmap(
-                "ETCD_INITIAL_CLUSTER",
-                &names.members_configmap(),
-                INITIAL_CLUSTER_KEY,
-            ),
-            env_configmap(
-                "ETCD_INITIAL_CLUSTER_STATE",
-                &names.members_configmap(),
-                INITIAL_CLUSTER_STATE_KEY,
-            ),
-        ]),
+        env: Some(member_env(&names)),
         ports: Some(vec![
             ContainerPort {
                 name: Some("client".into()),
@@ -597,6 +735,11 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
         readiness_probe: Some(probe(3, 0)),
         ..Default::default()
     };
+    let init_containers = inputs.restore.as_ref().map(|record| {
+        let (containers, volume) = restore_init_containers(inputs, record, &data_mount);
+        volumes.push(volume);
+        containers
+    });
     let overrides = &inputs.pod;
     let mut storage_request = BTreeMap::new();
     storage_request.insert("storage".to_string(), Quantity(inputs.storage_size.clone()));
@@ -631,6 +774,7 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
+                    init_containers,
                     containers: vec![container],
                     volumes: Some(volumes),
                     node_selector: overrides.node_selector.clone(),
@@ -779,6 +923,7 @@ mod tests {
             quota_backend_bytes: 2 << 30,
             snapshot_count: 10000,
             auto_compaction_retention: "1h".into(),
+            restore: None,
         }
     }
 
@@ -909,5 +1054,69 @@ mod tests {
             args.iter()
                 .all(|a| !a.contains("https") && !a.contains("cert"))
         );
+    }
+
+    #[test]
+    fn a_restoring_cluster_seeds_through_two_init_containers_and_keeps_its_hash_otherwise() {
+        let plain = inputs();
+        let mut restoring = inputs();
+        restoring.version = "3.4.23".into();
+        restoring.restore = Some(RestoreRecord {
+            backup_name: Some("nightly".into()),
+            destination: etcdfleet_api::ObjectStoreDestination {
+                bucket: Some("b".into()),
+                credentials_secret_name: Some("s3".into()),
+                ..Default::default()
+            },
+            object_key: "team/c/1.db".into(),
+            sha256: "ab".repeat(32),
+            size_bytes: Some(42),
+            seeder_image: "etcdfleet/controller:v1".into(),
+            verified_time: None,
+        });
+        // Not restoring: the template and its hash are what they were.
+        let sts = statefulset(&plain, &RenderProfile::default(), 1);
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        assert!(pod.init_containers.is_none());
+        assert!(!serde_json::to_string(&plain).unwrap().contains("restore"));
+
+        let sts = statefulset(&restoring, &RenderProfile::default(), 1);
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let inits = pod.init_containers.unwrap();
+        assert_eq!(inits[0].image.as_deref(), Some("etcdfleet/controller:v1"));
+        assert_eq!(
+            inits[0].command.as_deref().unwrap(),
+            ["etcdfleet", "install-seeder", "/opt/etcdfleet/etcdfleet"]
+        );
+        assert_eq!(inits[1].image, Some(restoring.image.clone()));
+        let args = inits[1].args.clone().unwrap();
+        for want in [
+            "--object-key=team/c/1.db",
+            "--size-bytes=42",
+            "--restore-tool=etcdctl",
+            "--initial-cluster-state=$(ETCD_INITIAL_CLUSTER_STATE)",
+            "--data-dir=/var/lib/etcd/data",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+        }
+        // The seeder never sees the management-side Secret name; it reads
+        // the copy in the workload namespace, optional for later members.
+        assert!(!args.iter().any(|a| a.contains("credentialsSecretName")));
+        let env = inits[1].env.clone().unwrap();
+        let key = env
+            .iter()
+            .find(|e| e.name == "ETCDFLEET_RESTORE_ACCESS_KEY_ID")
+            .and_then(|e| e.value_from.as_ref()?.secret_key_ref.clone())
+            .unwrap();
+        assert_eq!(key.name, "main-etcd-restore");
+        assert_eq!(key.optional, Some(true));
+        assert!(
+            pod.volumes
+                .unwrap()
+                .iter()
+                .any(|v| v.name == "etcdfleet-seeder" && v.empty_dir.is_some())
+        );
+        assert_eq!(restore_tool("3.5.1"), "etcdutl");
+        assert_eq!(restore_tool("v3.6.0"), "etcdutl");
     }
 }

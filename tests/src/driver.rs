@@ -39,6 +39,7 @@ pub fn fast_settings() -> ReconcilerSettings {
         // Tests edit workload objects behind the controller's back and expect
         // the next reconcile to see it: nothing is trusted without a read.
         reread_after: Duration::ZERO,
+        seeder_image: crate::runtime::SEEDER_IMAGE.to_string(),
     }
 }
 

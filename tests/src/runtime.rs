@@ -57,9 +57,18 @@
 //! at the pod's IP (ready on 2xx/3xx within 500 ms); a container without one
 //! is ready when alive and its client port accepts TCP.
 //!
-//! Not emulated: liveness and startup probes, resources, security contexts, read-only mounts, init
-//! and sidecar containers (only the first container runs), any command other
-//! than etcd.
+//! **Init containers** run first, in order, one at a time, as real processes
+//! with the pod's env and mounts (a failure backs off, `Init:CrashLoopBackOff`).
+//! Their command resolves like the kubelet's would: a path inside one of the
+//! container's volumes (a binary an earlier init container wrote into an
+//! `emptyDir`) runs from there; otherwise its basename must be a command the
+//! image table maps for the image. The commands an image provides are first
+//! on the container's `PATH` (as the image's own `PATH`), so a program can run
+//! another tool of its image by name.
+//!
+//! Not emulated: liveness and startup probes, resources, security contexts,
+//! read-only mounts, sidecar containers (only the first container of
+//! `containers` runs), any main command other than etcd.
 //!
 //! All processes die when the runtime is dropped, on [`WorkloadRuntime::shutdown`],
 //! and when the test process dies (`PR_SET_PDEATHSIG`). Logs are per pod
@@ -103,6 +112,11 @@ const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 const REVISION_LABEL: &str = "controller-revision-hash";
 
+/// The image the test world's controller names as its seeder image (the
+/// controller's own image): [`ImageTable::installed`] maps its `etcdfleet`
+/// command onto the built etcdfleet binary.
+pub const SEEDER_IMAGE: &str = "etcdfleet/controller:test";
+
 /// Maps container images onto local binaries.
 #[derive(Debug, Clone, Default)]
 pub struct ImageTable {
@@ -145,7 +159,7 @@ impl ImageTable {
                 table = table.with_tag_command(tag, "etcdutl", etcdutl);
             }
         }
-        table
+        table.with_seeder()
     }
 
     /// Maps exactly `image` (e.g. `gcr.io/etcd-development/etcd:v3.5.1`).
@@ -204,6 +218,40 @@ impl ImageTable {
             })
         };
         exact.or_else(by_tag).filter(|p| p.is_file()).cloned()
+    }
+
+    /// Every command `image` provides (`etcd` and the mapped tools such as
+    /// `etcdctl`/`etcdutl`), as `(name, binary)`: what the image's `PATH`
+    /// holds. Exact rules win over tag rules.
+    pub fn commands_of(&self, image: &str) -> Vec<(String, PathBuf)> {
+        let mut names: BTreeSet<String> = self.commands.iter().map(|(_, c, _)| c.clone()).collect();
+        names.insert("etcd".into());
+        names
+            .into_iter()
+            .filter_map(|name| {
+                let binary = if name == "etcd" {
+                    self.resolve(image)
+                } else {
+                    self.resolve_command(image, &name)
+                };
+                binary.map(|b| (name, b))
+            })
+            .collect()
+    }
+
+    /// Maps [`SEEDER_IMAGE`]'s `etcdfleet` command onto the etcdfleet binary
+    /// of this build, when it was built (the controller's own image).
+    pub fn with_seeder(self) -> Self {
+        let exe = std::env::current_exe().ok();
+        let bin = exe
+            .as_deref()
+            .and_then(Path::parent)
+            .and_then(Path::parent)
+            .map(|dir| dir.join("etcdfleet"));
+        match bin {
+            Some(bin) if bin.is_file() => self.with_command(SEEDER_IMAGE, "etcdfleet", bin),
+            _ => self,
+        }
     }
 
     /// The binary for `image`, if mapped and present on disk. Exact rules win
@@ -1438,25 +1486,76 @@ impl Inner {
             ));
         }
         let program = argv.remove(0);
-        let binary = self
-            .images
-            .resolve_command(&image, &program)
-            .ok_or_else(|| {
-                Waiting::new(
-                    "ErrImagePull",
-                    format!(
-                        "command {program:?} of image {image:?} is not in the runtime's image table"
-                    ),
-                )
-            })?;
         let (mounts, claims) = self.prepare_volumes(pod, container, &run.pod_dir).await?;
         for c in claims {
             if !run.claims.contains(&c) {
                 run.claims.push(c);
             }
         }
+        // A program inside one of the container's volumes (a binary an
+        // earlier init container put into an emptyDir) runs from there, as
+        // the kubelet would: the path is exec'd inside the pod's mount
+        // namespace, after the volume is bind-mounted.
+        let in_volume = mounts.iter().find_map(|(host, target)| {
+            let rest = Path::new(&program).strip_prefix(target).ok()?;
+            Some(host.join(rest))
+        });
+        let binary = match in_volume {
+            Some(host) if host.is_file() => PathBuf::from(&program),
+            Some(host) => {
+                return Err(Waiting::new(
+                    "RunContainerError",
+                    format!(
+                        "init container {}: {program:?} does not exist in its volume ({})",
+                        container.name,
+                        host.display()
+                    ),
+                ));
+            }
+            None => self
+                .images
+                .resolve_command(&image, &program)
+                .ok_or_else(|| {
+                    Waiting::new(
+                        "ErrImagePull",
+                        format!(
+                            "command {program:?} of image {image:?} is not in the runtime's image table"
+                        ),
+                    )
+                })?,
+        };
+        let env = self.with_image_path(env, &image, &run.pod_dir, &container.name)?;
         let what = format!("init container {}:", container.name);
         self.spawn_logged(run, &what, binary, argv, env, &mounts)
+    }
+
+    /// Puts the commands `image` provides first on `PATH` (unless the
+    /// container sets `PATH` itself), as the image's own `PATH` would: a
+    /// program that runs another tool of its image by name (the seeder
+    /// running `etcdutl`) finds it. The directory holds symlinks to the
+    /// mapped binaries.
+    fn with_image_path(
+        &self,
+        mut env: Vec<(String, String)>,
+        image: &str,
+        pod_dir: &Path,
+        container: &str,
+    ) -> std::result::Result<Vec<(String, String)>, Waiting> {
+        if env.iter().any(|(k, _)| k == "PATH") {
+            return Ok(env);
+        }
+        let io = |e: std::io::Error| Waiting::new("ContainerCreating", e.to_string());
+        let dir = pod_dir.join("image-path").join(container);
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(io)?;
+        }
+        fs::create_dir_all(&dir).map_err(io)?;
+        for (name, binary) in self.images.commands_of(image) {
+            std::os::unix::fs::symlink(&binary, dir.join(name)).map_err(io)?;
+        }
+        let host_path = std::env::var("PATH").unwrap_or_default();
+        env.push(("PATH".into(), format!("{}:{host_path}", dir.display())));
+        Ok(env)
     }
 
     /// Spawns one container process with the pod's hosts file, its log in

@@ -82,6 +82,14 @@ pub async fn get(fleet: &Fleet, name: &str) -> Result<EtcdCluster> {
 /// port-forward tunnels served by the fleet's workload APIs (`make
 /// test-portforward` runs the lifecycle and version suites so).
 pub fn controller(fleet: &Fleet) -> TestController {
+    controller_with(fleet, fast_settings())
+}
+
+/// [`controller`] with other settings.
+pub fn controller_with(
+    fleet: &Fleet,
+    settings: etcdfleet_controllers::etcdcluster::ReconcilerSettings,
+) -> TestController {
     let dialer: Arc<dyn etcdfleet_controllers::dialer::EtcdDialer> =
         match std::env::var("ETCDFLEET_DIALER").as_deref() {
             Ok("portForward") => match crate::portforward::FleetPortForward::start(fleet) {
@@ -90,12 +98,7 @@ pub fn controller(fleet: &Fleet) -> TestController {
             },
             _ => fleet.dialer(),
         };
-    TestController::new(
-        fleet.management(),
-        fleet.client_factory(),
-        dialer,
-        fast_settings(),
-    )
+    TestController::new(fleet.management(), fleet.client_factory(), dialer, settings)
 }
 
 /// Reconciles `clusters` (in [`NS`]) until converged, syncing the runtimes between rounds.

@@ -77,6 +77,7 @@ fn request(
         initial_cluster: t.initial_cluster.clone(),
         initial_advertise_peer_urls: t.peer_url.clone(),
         initial_cluster_token: t.token.clone(),
+        initial_cluster_state: Some("new".into()),
         restore_tool: binary
             .etcdutl
             .clone()

@@ -85,6 +85,16 @@ enum Command {
     /// ETCDFLEET_RESTORE_SESSION_TOKEN.
     #[command(verbatim_doc_comment)]
     RestoreSeed(Box<SeedArgs>),
+    /// Copy this etcdfleet binary to a path (mode 0755).
+    ///
+    /// The first init container of a restoring member runs it from the
+    /// controller's image into a shared emptyDir, so `restore-seed` can run
+    /// in the etcd image, next to etcdutl/etcdctl.
+    #[command(verbatim_doc_comment)]
+    InstallSeeder {
+        /// Where to write the binary, e.g. /opt/etcdfleet/etcdfleet.
+        dest: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -149,6 +159,9 @@ struct RunArgs {
     /// Log format, text or json [file: logFormat; default text].
     #[arg(long)]
     log_format: Option<LogFormat>,
+    /// Image with the etcdfleet binary that restoring clusters copy their seeder from [file: seederImage; default this release's controller image].
+    #[arg(long)]
+    seeder_image: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -180,6 +193,9 @@ struct SeedArgs {
     /// --initial-cluster-token.
     #[arg(long)]
     initial_cluster_token: String,
+    /// The member's --initial-cluster-state; `existing` (a member joining a running cluster) seeds nothing.
+    #[arg(long)]
+    initial_cluster_state: Option<String>,
     /// Path of etcdutl (3.5+) or etcdctl (3.4).
     #[arg(long)]
     restore_tool: PathBuf,
@@ -218,6 +234,7 @@ fn restore_seed(args: &SeedArgs) -> ExitCode {
         initial_cluster: args.initial_cluster.clone(),
         initial_advertise_peer_urls: args.initial_advertise_peer_urls.clone(),
         initial_cluster_token: args.initial_cluster_token.clone(),
+        initial_cluster_state: args.initial_cluster_state.clone(),
         restore_tool: args.restore_tool.clone(),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -265,6 +282,18 @@ fn main() -> ExitCode {
             member_failure_grace_seconds,
         } => plan(&files, member_failure_grace_seconds),
         Command::RestoreSeed(args) => restore_seed(&args),
+        Command::InstallSeeder { dest } => {
+            match etcdfleet_controllers::restore::seed::install_self(&dest) {
+                Ok(bytes) => {
+                    println!("install-seeder: {bytes} bytes to {}", dest.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("install-seeder: {}: {e}", dest.display());
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 
@@ -373,6 +402,7 @@ async fn run(args: RunArgs) -> ExitCode {
             _ => DialerKind::PortForward,
         }),
         otlp_endpoint: args.otlp_endpoint,
+        seeder_image: args.seeder_image,
     };
     let config = match ControllerConfig::load(args.config.as_deref(), overrides) {
         Ok(c) => c,

@@ -79,6 +79,14 @@ pub async fn execute(
                     .await
                     .map_err(err)?;
             }
+            if let Some(record) = &inputs.restore {
+                write_restore_credentials(cluster, ctx, inputs, record, &client)
+                    .await
+                    .map_err(|e| match e {
+                        RestoreSecretError::Workload(source) => err(source),
+                        RestoreSecretError::Other(e) => e,
+                    })?;
+            }
             let sts = render::statefulset(inputs, &ctx.profile, *replicas as i32);
             let api = Api::<StatefulSet>::namespaced(client, ns);
             let stored = apply(&api, &sts).await.map_err(err)?;
@@ -320,6 +328,87 @@ async fn record_admitted_image(
     )
     .await
     .map(|_| ())
+}
+
+enum RestoreSecretError {
+    Workload(kube::Error),
+    Other(Error),
+}
+
+/// Copies the object-store credentials of a restore into the workload
+/// namespace (`<cluster>-etcd-restore`), where member 0's seeder reads them
+/// through `secretKeyRef`. Read from the management cluster by direct GET;
+/// a Secret of that name owned by anyone else is never overwritten.
+async fn write_restore_credentials(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    inputs: &RenderInputs,
+    record: &etcdfleet_api::restore::RestoreRecord,
+    client: &kube::Client,
+) -> Result<(), RestoreSecretError> {
+    if record.destination.credentials_secret_name.is_none() {
+        return Ok(());
+    }
+    let names = inputs.names();
+    let credentials = crate::backup::store::read_credentials(
+        &ctx.management,
+        &cluster.namespace().unwrap_or_default(),
+        &record.destination,
+    )
+    .await
+    .map_err(|e| match e {
+        crate::backup::store::StoreError::Api(e) => {
+            RestoreSecretError::Other(Error::ManagementApi(e))
+        }
+        other => RestoreSecretError::Other(Error::Invalid(format!("restore credentials: {other}"))),
+    })?;
+    let Some(credentials) = credentials else {
+        return Ok(());
+    };
+    let api = Api::<Secret>::namespaced(client.clone(), &inputs.workload_namespace);
+    let name = names.restore_secret();
+    if let Some(existing) = api
+        .get_opt(&name)
+        .await
+        .map_err(RestoreSecretError::Workload)?
+    {
+        let owner = render::owner_of(existing.meta());
+        if owner != Some(inputs.owner_label().as_str()) {
+            return Err(RestoreSecretError::Other(Error::Invalid(format!(
+                "Secret {}/{name} exists and belongs to {}; not overwritten",
+                inputs.workload_namespace,
+                owner.unwrap_or("nobody (no etcdfleet.dev/owner label)")
+            ))));
+        }
+    }
+    let mut labels = render::selector_labels(&names);
+    labels.insert(render::OWNER_LABEL.into(), inputs.owner_label());
+    let mut data = BTreeMap::new();
+    let values = [
+        Some(credentials.access_key_id),
+        Some(credentials.secret_access_key),
+        credentials.session_token,
+    ];
+    for ((key, _), value) in render::RESTORE_CREDENTIAL_KEYS.iter().zip(values) {
+        if let Some(v) = value {
+            data.insert(key.to_string(), ByteString(v.into_bytes()));
+        }
+    }
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(inputs.workload_namespace.clone()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    apply(&api, &secret)
+        .await
+        .map(|_| ())
+        .map_err(RestoreSecretError::Workload)
 }
 
 /// Server-side apply with this controller's field manager.
@@ -730,6 +819,9 @@ async fn cleanup_workload(cluster: &EtcdCluster, ctx: &Context) -> Result<()> {
         .await
         .map_err(err)?;
     delete_named::<Secret>(&client, &ns, owner, &names.peer_tls_secret())
+        .await
+        .map_err(err)?;
+    delete_named::<Secret>(&client, &ns, owner, &names.restore_secret())
         .await
         .map_err(err)?;
     Ok(())

@@ -63,6 +63,8 @@ pub struct ReconcilerSettings {
     /// workload objects are trusted without reading them again (zero: read
     /// every reconcile). See [`memo`].
     pub reread_after: Duration,
+    /// Default image of the restore seeder (see `ControllerConfig::seeder_image`).
+    pub seeder_image: String,
 }
 
 impl Default for ReconcilerSettings {
@@ -83,6 +85,7 @@ impl Default for ReconcilerSettings {
             requeue_progress: Duration::from_secs(2),
             cert_renew_before: Duration::from_secs(30 * 86400),
             reread_after: Duration::from_secs(10 * 60),
+            seeder_image: crate::config::DEFAULT_SEEDER_IMAGE.to_string(),
         }
     }
 }
@@ -495,7 +498,7 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
     }
 
     // resolve
-    let resolved = match traced(
+    let mut resolved = match traced(
         step_span("resolve", key),
         resolve::resolve_cluster(cluster, ctx, &mut report),
     )
@@ -573,14 +576,30 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
     ctx.connector.record_success(&location);
     report.remote_reachable(&workload.server);
     report.observed(&observed);
-    // A cluster restoring from a snapshot checks it before its first write.
+    // A cluster restoring from a snapshot checks it before its first write:
+    // no member volume may exist yet, and the object must verify. The
+    // verified record is what the seeder is rendered from, from now on.
     if crate::restore::needed(cluster, &observed.planner) {
-        let gate = traced(step_span("restore", key), async {
-            crate::restore::gate(&ctx.management, cluster)
-                .await
-                .map_err(Error::ManagementApi)
-        })
-        .await?;
+        let kept: Vec<String> = observed.pvcs.values().map(|p| p.name_any()).collect();
+        let gate = match crate::restore::kept_volumes(&kept) {
+            Some(refused) => refused,
+            None => {
+                let verdict = traced(step_span("restore", key), async {
+                    crate::restore::gate(&ctx.management, cluster, &ctx.settings.seeder_image)
+                        .await
+                        .map_err(Error::ManagementApi)
+                })
+                .await?;
+                match verdict {
+                    Ok(record) => {
+                        report.record_restore(&record);
+                        resolved.inputs.restore = Some(record);
+                        plan::RestoreGate::Verified
+                    }
+                    Err(gate) => gate,
+                }
+            }
+        };
         report.restore_checked(&gate);
         if let plan::RestoreGate::Refused(r) = &gate {
             publish(ctx, cluster, EventType::Warning, r.reason, &r.message).await;

@@ -252,6 +252,8 @@ pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderIn
         quota_backend_bytes: r.tuning.quota_backend_bytes,
         snapshot_count: r.tuning.snapshot_count,
         auto_compaction_retention: r.tuning.auto_compaction_retention.clone(),
+        // The snapshot verified before the first write, never re-resolved.
+        restore: cluster.status.as_ref().and_then(|s| s.restore.clone()),
     }
 }
 

@@ -99,6 +99,11 @@ impl Report {
         }
     }
 
+    /// Records the verified snapshot the seeder is rendered from.
+    pub fn record_restore(&mut self, record: &etcdfleet_api::restore::RestoreRecord) {
+        self.new.restore = Some(record.clone());
+    }
+
     /// No conflict stands in the way (clears an earlier `Conflict=True`).
     pub fn no_conflict(&mut self) {
         if self.new.conditions.iter().any(|c| c.type_ == CONFLICT) {

@@ -4,7 +4,7 @@
 //! memory); the judgement is `etcdfleet_api::restore`'s, the decision the
 //! cluster planner's ([`RestoreGate`]).
 
-use etcdfleet_api::restore::{self as api, ObjectCheck};
+use etcdfleet_api::restore::{self as api, ObjectCheck, RestoreRecord};
 use etcdfleet_api::{EtcdBackup, EtcdCluster};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -15,12 +15,8 @@ use crate::etcdcluster::plan::{Observation, Refusal, RestoreGate};
 
 pub mod seed;
 
-/// Whether rendered members can seed themselves from the snapshot (the
-/// `restore-seed` init container). Until they can, a verified restore is
-/// refused rather than bootstrapped empty.
-pub const SEEDING_AVAILABLE: bool = false;
-/// `RestoreFailed` reason while [`SEEDING_AVAILABLE`] is false.
-pub const SEEDING_UNAVAILABLE: &str = "SeedingUnavailable";
+/// `RestoreFailed` reason when PVCs of the cluster's members already exist.
+pub const KEPT_VOLUMES: &str = "KeptVolumes";
 
 /// Whether the gate applies: the cluster restores and has never been
 /// bootstrapped (no StatefulSet, no voter ever recorded). A cluster that
@@ -34,20 +30,41 @@ pub fn needed(cluster: &EtcdCluster, obs: &Observation) -> bool {
     restores && obs.statefulset.is_none() && obs.known_voters == 0
 }
 
+/// Refuses a restore over member volumes that already exist (PVCs kept
+/// from a deleted cluster of the same name): the snapshot and the old data
+/// are never mixed, and the old data is never wiped by the controller.
+pub fn kept_volumes(pvcs: &[String]) -> Option<RestoreGate> {
+    if pvcs.is_empty() {
+        return None;
+    }
+    Some(RestoreGate::Refused(Refusal {
+        reason: KEPT_VOLUMES,
+        message: format!(
+            "restore refused before any workload object was written: PVC {} already exists \
+             (kept from an earlier cluster of this name?); a restore neither mixes the snapshot \
+             with its data nor wipes it. Delete the PVC(s) once nothing on them is needed, or \
+             restore under another name or workload namespace",
+            pvcs.join(", ")
+        ),
+    }))
+}
+
 /// Resolves the restore source of `cluster` and reads its object back.
 /// A failure to reach the management API is an error (retried); everything
-/// about the snapshot itself is a verdict.
+/// about the snapshot itself is a verdict. A verified snapshot comes back as
+/// the record the seeder is rendered from (`status.restore`).
 pub async fn gate(
     management: &kube::Client,
     cluster: &EtcdCluster,
-) -> Result<RestoreGate, kube::Error> {
+    default_seeder_image: &str,
+) -> Result<Result<RestoreRecord, RestoreGate>, kube::Error> {
     let Some(source) = cluster
         .spec
         .bootstrap
         .as_ref()
         .and_then(|b| b.restore.as_ref())
     else {
-        return Ok(RestoreGate::NotNeeded);
+        return Ok(Err(RestoreGate::NotNeeded));
     };
     let ns = cluster.namespace().unwrap_or_default();
     let backup = match &source.backup_name {
@@ -59,7 +76,7 @@ pub async fn gate(
     };
     let resolved = match api::resolve_source(source, backup.as_ref().map(|s| s.as_ref())) {
         Ok(r) => r,
-        Err(refusal) => return Ok(refused(refusal)),
+        Err(refusal) => return Ok(Err(refused(refusal))),
     };
     let check = match read_object(management, &ns, &resolved).await {
         Ok((size, sha256)) => ObjectCheck::Read { size, sha256 },
@@ -67,25 +84,30 @@ pub async fn gate(
         Err(StoreError::Api(e)) => return Err(e),
         Err(e) => ObjectCheck::Unreadable(e.to_string()),
     };
-    Ok(match api::judge_object(&resolved, &check) {
-        Ok(()) => {
-            info!(cluster = %cluster.name_any(), object = %resolved.object_key, "restore snapshot verified");
-            if SEEDING_AVAILABLE {
-                RestoreGate::Verified
-            } else {
-                // Bootstrapping now would start an EMPTY etcd under a name
-                // that promises the snapshot's data: refuse instead.
-                RestoreGate::Refused(Refusal {
-                    reason: SEEDING_UNAVAILABLE,
-                    message: format!(
-                        "snapshot object {} verified (size and SHA-256 match), but this build                          cannot seed members from a snapshot yet; nothing is created. Restore                          by hand (etcdutl snapshot restore) until seeding is available",
-                        resolved.object_key
-                    ),
-                })
-            }
-        }
-        Err(refusal) => refused(refusal),
-    })
+    if let Err(refusal) = api::judge_object(&resolved, &check) {
+        return Ok(Err(refused(refusal)));
+    }
+    info!(cluster = %cluster.name_any(), object = %resolved.object_key, "restore snapshot verified");
+    let size_bytes = match check {
+        ObjectCheck::Read { size, .. } => i64::try_from(size).ok(),
+        _ => None,
+    };
+    Ok(Ok(RestoreRecord {
+        backup_name: source.backup_name.clone(),
+        destination: resolved.destination,
+        object_key: resolved.object_key,
+        sha256: resolved.sha256.to_ascii_lowercase(),
+        size_bytes,
+        seeder_image: source
+            .seeder_image
+            .clone()
+            .unwrap_or_else(|| default_seeder_image.to_string()),
+        verified_time: Some(
+            k8s_openapi::jiff::Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%SZ")
+                .to_string(),
+        ),
+    }))
 }
 
 async fn read_object(

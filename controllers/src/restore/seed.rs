@@ -43,7 +43,13 @@ pub struct SeedRequest {
     pub initial_cluster: String,
     pub initial_advertise_peer_urls: String,
     pub initial_cluster_token: String,
-    /// `etcdutl` (3.5+) or `etcdctl` (3.4; run with `ETCDCTL_API=3`).
+    /// The member's `--initial-cluster-state`: only a member bootstrapping a
+    /// `new` cluster is seeded; one that joins an `existing` cluster (every
+    /// member added later, or member 0 replaced after bootstrap) starts as
+    /// etcd decides, with nothing fetched.
+    pub initial_cluster_state: Option<String>,
+    /// `etcdutl` (3.5+) or `etcdctl` (3.4; run with `ETCDCTL_API=3`); a bare
+    /// name is looked up in `PATH` (the etcd image's).
     pub restore_tool: PathBuf,
 }
 
@@ -55,6 +61,8 @@ pub enum SeedOutcome {
     },
     /// The data directory already holds this snapshot's restore.
     AlreadyRestored,
+    /// The member joins an existing cluster: nothing to seed.
+    JoiningExisting,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +87,25 @@ pub enum SeedError {
         status: std::process::ExitStatus,
         stderr: String,
     },
+}
+
+/// Copies the running executable to `dest` (mode 0755): the first init
+/// container of a restoring member runs this from the controller's image, so
+/// the seeder can run in the etcd image next to its restore tool (etcd images
+/// carry no shell and no `cp`; the etcdfleet binary is self-contained).
+pub fn install_self(dest: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::env::current_exe()?;
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    // Written under a temporary name and renamed, so a container restarted
+    // mid-copy never finds a truncated binary under the final name.
+    let tmp = dest.with_extension("partial");
+    let bytes = std::fs::copy(&me, &tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, dest)?;
+    Ok(bytes)
 }
 
 /// The marker next to `data_dir` (outside it: etcd owns the directory).
@@ -114,6 +141,9 @@ pub async fn seed(req: &SeedRequest) -> Result<SeedOutcome, SeedError> {
         let what = what.to_string();
         move |e| SeedError::Io(what.clone(), e)
     };
+    if req.initial_cluster_state.as_deref() == Some("existing") {
+        return Ok(SeedOutcome::JoiningExisting);
+    }
     let state = inspect(&req.data_dir).map_err(io("reading the data directory"))?;
     match seed_action(&state, &req.sha256) {
         SeedAction::AlreadyDone => return Ok(SeedOutcome::AlreadyRestored),
