@@ -45,12 +45,13 @@ fresh-machine-check:
 	./hack/fresh-machine-check.sh
 
 # Peak RSS of the backup path streaming a >= 512 MiB snapshot (prints the figure).
-# The `etcdfleet run` process carrying a fleet of one-member clusters on real
-# etcd through port-forward (ETCDFLEET_BENCH_CLUSTERS, default 40): resync
+# The `etcdfleet run` process (release build) carrying a fleet of one-member
+# clusters on real etcd through port-forward (ETCDFLEET_BENCH_CLUSTERS,
+# default 40; the test world around it is a debug build): resync
 # time, peak RSS, API calls per converged reconcile, 200 x 500 KB Secrets.
 bench-fleet: tools
 	cargo build --release -p etcdfleet-controllers --bin etcdfleet
-	cargo bench -p etcdfleet-tests --bench fleet
+	ETCDFLEET_BINARY=$(CURDIR)/target/release/etcdfleet cargo bench --profile dev -p etcdfleet-tests --bench fleet
 
 bench-backup: tools
 	cargo test --workspace --test backup_memory -- --ignored --nocapture streaming_a_large_snapshot

@@ -37,14 +37,20 @@ fn newest_mtime(dir: &Path) -> SystemTime {
 /// The `etcdfleet` binary of this build (next to the test executable's
 /// `deps/` directory). Panics, saying how to build it, when it is missing or
 /// older than the controller sources: a process test of stale code proves
-/// nothing.
+/// nothing. `ETCDFLEET_BINARY` names another build (the fleet bench runs the
+/// release binary under a debug harness); it is checked the same way.
 pub fn etcdfleet_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps");
-    let bin = profile_dir.join(format!("etcdfleet{}", std::env::consts::EXE_SUFFIX));
+    let bin = match std::env::var_os("ETCDFLEET_BINARY") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let exe = std::env::current_exe().expect("test executable path");
+            let profile_dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .expect("test executable lives in target/<profile>/deps");
+            profile_dir.join(format!("etcdfleet{}", std::env::consts::EXE_SUFFIX))
+        }
+    };
     let how = "build it with `cargo build -p etcdfleet-controllers --bin etcdfleet` \
                (or run the workspace: `cargo nextest run --workspace --all-targets`)";
     let built = std::fs::metadata(&bin)
