@@ -1,17 +1,25 @@
 //! `make bench-fleet`: the `etcdfleet run` binary as a process carrying a
 //! fleet of `EtcdCluster`s, each in its own workload cluster (its own served
-//! API server with the workload RBAC enforced, its own kubelet), every member
-//! a **real etcd** process reached through `pods/portforward` of its workload
-//! API (the default dialer, TLS on).
+//! API server with the workload RBAC enforced, its own runtime playing the
+//! StatefulSet controller and kubelet), every member reached through
+//! `pods/portforward` of its workload API (the default dialer, TLS on).
 //!
-//! 1. Create: controller A creates and converges `n` one-member clusters.
+//! Two kinds of member, chosen by `ETCDFLEET_BENCH_ETCD`:
+//! - `standin` (default, 1,000 one-member clusters): the etcd stand-in
+//!   (`etcdfleet_tests::etcd_standin`), a small gRPC server answering the
+//!   calls a converged reconcile makes, for the controller's cost only;
+//! - `real` (20 three-member clusters): real etcd 3.5 processes.
+//!
+//! `ETCDFLEET_BENCH_CLUSTERS` and `ETCDFLEET_BENCH_MEMBERS` override the size.
+//!
+//! 1. Create: controller A creates and converges the fleet.
 //! 2. Resync: A is stopped (SIGTERM) and a fresh controller B starts, as on a
 //!    restart or a leader failover; `resync_s` is the time from B's start
 //!    until it reported as many converged reconciles as there are clusters
 //!    (its converged requeue is longer than the resync, so no cluster is
 //!    counted twice).
 //! 3. Steady state: over a window, the API calls B makes (recognised by its
-//!    bearer tokens, so the kubelets' calls do not count) divided by its
+//!    bearer tokens, so the runtimes' calls do not count) divided by its
 //!    converged reconciles give `reads_per_converged` and
 //!    `writes_per_converged`.
 //! 4. Secrets: 200 unrelated Secrets of 500 KB each are added to the watched
@@ -19,9 +27,8 @@
 //!    holds them (it must only ever GET Secrets by name).
 //!
 //! Prints, last, `fleet clusters=<n> resync_s=<s> rss_mib=<controller peak RSS>
-//! reads_per_converged=<r> writes_per_converged=<w>`. `ETCDFLEET_BENCH_CLUSTERS`
-//! sets `n` (default 40: one real etcd process per cluster bounds it on a
-//! 2-core machine).
+//! reads_per_converged=<r> writes_per_converged=<w>` (the real-etcd run
+//! prints `fleet_real members=<m> clusters=<n> ...`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -32,7 +39,8 @@ use etcdfleet_tests::apiserver::{ApiServer, CONTROLLER_USER};
 use etcdfleet_tests::controller_process::ControllerProcess;
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::{Fleet, MANAGEMENT};
-use etcdfleet_tests::scenario::{NS, cluster, create};
+use etcdfleet_tests::runtime::ImageTable;
+use etcdfleet_tests::scenario::{NS, WORKLOAD_NS, cluster, create};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, PostParams};
 
@@ -60,9 +68,9 @@ fn main() -> Result<()> {
     runtime.block_on(bench())
 }
 
-fn available(c: &EtcdCluster) -> bool {
+fn available(c: &EtcdCluster, members: i32) -> bool {
     c.status.as_ref().is_some_and(|s| {
-        s.ready_members == 1
+        s.ready_members == members
             && s.conditions
                 .iter()
                 .any(|c| c.type_ == "Available" && c.status == "True")
@@ -98,21 +106,40 @@ fn token_of(kubeconfig: &str) -> Option<String> {
 }
 
 async fn bench() -> Result<()> {
-    if require_etcd(EtcdVersion::V3_5).is_none() {
-        println!("SKIPPED: bench-fleet needs etcd 3.5 (make tools)");
-        return Ok(());
-    }
-    let n: usize = std::env::var("ETCDFLEET_BENCH_CLUSTERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(40);
+    let real = match std::env::var("ETCDFLEET_BENCH_ETCD").as_deref() {
+        Ok("real") => true,
+        Ok("standin") | Err(_) => false,
+        Ok(other) => bail!("ETCDFLEET_BENCH_ETCD={other:?}: expected real or standin"),
+    };
+    let setting = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let n = setting("ETCDFLEET_BENCH_CLUSTERS", if real { 20 } else { 1000 });
+    let members = setting("ETCDFLEET_BENCH_MEMBERS", if real { 3 } else { 1 }) as i32;
+    let standin_dir = tempfile::tempdir()?;
+    let images = if real {
+        if require_etcd(EtcdVersion::V3_5).is_none() {
+            println!("SKIPPED: bench-fleet with real etcd needs etcd 3.5 (make tools)");
+            return Ok(());
+        }
+        ImageTable::installed()
+    } else {
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_etcd_standin"));
+        ImageTable::standin(binary, standin_dir.path())?
+    };
     let workloads: Vec<String> = (0..n).map(|i| format!("w{i:04}")).collect();
     let names: Vec<&str> = workloads.iter().map(String::as_str).collect();
     let started = Instant::now();
-    let fleet = Fleet::with_management_api(ApiServer::management().await?, NS, &names).await?;
-    let _kubelets = fleet.spawn_background_sync(Duration::from_millis(250));
+    let fleet = Fleet::with_images(ApiServer::management().await?, NS, &names, images).await?;
+    // Every runtime syncs when its API changed (or its pods are not all
+    // ready yet), else once every 10 s.
+    let _kubelets = fleet
+        .spawn_background_sync_on_change(Duration::from_millis(200), Duration::from_secs(10));
     eprintln!(
-        "fleet: {n} workload API servers and kubelets up in {:.1}s",
+        "fleet: {n} workload API servers and runtimes up in {:.1}s",
         started.elapsed().as_secs_f64()
     );
     let management_token = fleet.management_api().issue_token(CONTROLLER_USER);
@@ -124,7 +151,7 @@ async fn bench() -> Result<()> {
     let mut first = ControllerProcess::start("bench-a", &kubeconfig, &args);
     let created = Instant::now();
     for (i, w) in workloads.iter().enumerate() {
-        create(&fleet, &cluster(&format!("c{i:04}"), w, 1, "3.5.1")).await?;
+        create(&fleet, &cluster(&format!("c{i:04}"), w, members, "3.5.1")).await?;
     }
     let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
     loop {
@@ -133,16 +160,32 @@ async fn bench() -> Result<()> {
             .await?
             .items
             .iter()
-            .filter(|c| available(c))
+            .filter(|c| available(c, members))
             .count();
         if ready == n {
             break;
         }
-        if created.elapsed() > Duration::from_secs(60 + 6 * n as u64) {
+        if created.elapsed() > Duration::from_secs(120 + n as u64 * if real { 10 } else { 1 }) {
+            let stuck = api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|c| !available(c, members));
+            let pod_log = stuck
+                .as_ref()
+                .map(|c| {
+                    let name = c.metadata.name.clone().unwrap_or_default();
+                    let workload = name.replacen('c', "w", 1);
+                    let names = etcdfleet_controllers::render::Names::new(&name, WORKLOAD_NS);
+                    fleet.runtime(&workload).pod_log_tail(WORKLOAD_NS, &names.pod(0), 20)
+                })
+                .unwrap_or_default();
             bail!(
-                "only {ready} of {n} clusters available after {:?}; controller log:\n{}",
+                "only {ready} of {n} clusters available after {:?}; a cluster not available: {}\nits pod 0's log:\n{pod_log}\ncontroller log (tail):\n{}",
                 created.elapsed(),
-                first.log()
+                serde_json::to_string_pretty(&stuck.map(|c| c.status))?,
+                first.log().lines().rev().take(30).collect::<Vec<_>>().join("\n")
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -234,14 +277,20 @@ async fn bench() -> Result<()> {
     let rss_secrets = peak_rss_mib(second.pid())?;
     let secret_lists = fleet.secret_lists_or_watches().len();
 
+    let etcd = if real { "real etcd 3.5" } else { "etcd stand-in" };
     println!(
-        "fleet_create clusters={n} create_s={create_s:.1} rss_mib={rss_create:.1} (real etcd 3.5, one member each, TLS, port-forward)"
+        "fleet_create clusters={n} members={members} create_s={create_s:.1} rss_mib={rss_create:.1} ({etcd}, TLS, port-forward)"
     );
     println!(
         "fleet_secrets secrets=200 size_kib=500 rss_mib_before={rss_fleet:.1} rss_mib_after={rss_secrets:.1} secret_lists_or_watches={secret_lists}"
     );
     println!(
-        "fleet clusters={n} resync_s={:.2} rss_mib={rss_secrets:.1} reads_per_converged={:.2} writes_per_converged={:.2}",
+        "{} clusters={n} resync_s={:.2} rss_mib={rss_secrets:.1} reads_per_converged={:.2} writes_per_converged={:.2}",
+        if real {
+            format!("fleet_real members={members}")
+        } else {
+            "fleet".to_string()
+        },
         resync.as_secs_f64(),
         per(reads),
         per(writes)

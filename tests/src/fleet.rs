@@ -333,6 +333,24 @@ impl Fleet {
         namespace: &str,
         workload_names: &[&str],
     ) -> Result<Fleet> {
+        Self::with_images(
+            management_api,
+            namespace,
+            workload_names,
+            ImageTable::installed(),
+        )
+        .await
+    }
+
+    /// Like [`with_management_api`](Self::with_management_api), the pods
+    /// of every workload cluster run from `images` (e.g. the etcd stand-in
+    /// of the fleet benchmark).
+    pub async fn with_images(
+        management_api: ApiServer,
+        namespace: &str,
+        workload_names: &[&str],
+        images: ImageTable,
+    ) -> Result<Fleet> {
         let recorder = OpRecorder::default();
         management_api.set_recorder(recorder.clone());
         let management_direct = management_api.admin_client();
@@ -357,7 +375,7 @@ impl Fleet {
             let runtime = Arc::new(WorkloadRuntime::try_new(
                 &server,
                 direct.clone(),
-                ImageTable::installed(),
+                images.clone(),
             )?);
             // The production dialer reaches members through this API server.
             let portforward = PortForwardServer::for_runtime(Arc::downgrade(&runtime));
@@ -607,6 +625,24 @@ impl Fleet {
         self.workloads
             .values()
             .map(|w| w.runtime.spawn_background(interval))
+            .collect()
+    }
+
+    /// Background syncs of every runtime that skip ticks while its workload
+    /// API has not changed and its pods are ready (see
+    /// [`WorkloadRuntime::spawn_background_on_change`]): for large fleets.
+    pub fn spawn_background_sync_on_change(
+        &self,
+        interval: Duration,
+        idle: Duration,
+    ) -> Vec<BackgroundSync> {
+        self.workloads
+            .values()
+            .map(|w| {
+                let api = w.api.clone();
+                w.runtime
+                    .spawn_background_on_change(interval, idle, move || api.resource_version())
+            })
             .collect()
     }
 

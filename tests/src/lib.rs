@@ -3,6 +3,7 @@ pub mod controller_process;
 pub mod demo;
 pub mod driver;
 pub mod etcd_harness;
+pub mod etcd_standin;
 pub mod fleet;
 pub mod otlp;
 pub mod portforward;

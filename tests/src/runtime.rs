@@ -254,6 +254,27 @@ impl ImageTable {
         }
     }
 
+    /// Maps the etcd images of 3.4.23 and 3.5.1 onto the etcd stand-in
+    /// `binary` (see [`crate::etcd_standin`]) instead of etcd: links
+    /// `dir/v<version>/etcd` → `binary`, the stand-in's version being the
+    /// name of its directory. For measuring the controller's cost only.
+    pub fn standin(binary: &Path, dir: &Path) -> Result<Self> {
+        let mut table = ImageTable::empty();
+        for version in ["3.4.23", "3.5.1"] {
+            let versioned = dir.join(format!("v{version}"));
+            fs::create_dir_all(&versioned)?;
+            let link = versioned.join("etcd");
+            if !link.exists() {
+                std::os::unix::fs::symlink(binary, &link)
+                    .with_context(|| format!("linking {}", link.display()))?;
+            }
+            for tag in [format!("v{version}"), version.to_string(), format!("{version}-0")] {
+                table = table.with_tag(&tag, &link);
+            }
+        }
+        Ok(table)
+    }
+
     /// The binary for `image`, if mapped and present on disk. Exact rules win
     /// over tag rules.
     pub fn resolve(&self, image: &str) -> Option<PathBuf> {
@@ -454,6 +475,9 @@ struct State {
     hosts_content: String,
     pvc_dirs: BTreeSet<PodKey>,
     shut_down: bool,
+    /// The last sync found every pod running and ready: with no API change
+    /// since, another sync would do nothing but probe.
+    settled: bool,
 }
 
 /// Loopback /24 blocks taken by runtimes of this process.
@@ -625,6 +649,43 @@ impl WorkloadRuntime {
     /// One pass of StatefulSet controller + kubelet (see the module docs).
     pub async fn sync(&self) -> Result<()> {
         self.inner.sync().await
+    }
+
+    /// Like [`spawn_background`](Self::spawn_background), but a tick is
+    /// skipped while `version` (the workload API's resourceVersion) has not
+    /// moved since a sync that found every pod running and ready; a sync
+    /// still runs at least every `idle`. For fleets of hundreds of runtimes,
+    /// where a sync of each every tick would load the machine more than the
+    /// controller under test does. A process that dies is noticed within `idle`.
+    pub fn spawn_background_on_change(
+        &self,
+        interval: Duration,
+        idle: Duration,
+        version: impl Fn() -> u64 + Send + 'static,
+    ) -> BackgroundSync {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let task = tokio::spawn(async move {
+            let mut synced: Option<(u64, bool)> = None;
+            let mut last_sync = Instant::now();
+            loop {
+                let Some(inner) = weak.upgrade() else { break };
+                let now = version();
+                let quiet = synced == Some((now, true)) && last_sync.elapsed() < idle;
+                if !quiet {
+                    last_sync = Instant::now();
+                    match inner.sync().await {
+                        Ok(()) => synced = Some((now, inner.state.lock().await.settled)),
+                        Err(e) => {
+                            synced = None;
+                            tracing::warn!(server = %inner.server_url, error = %e, "workload runtime sync failed");
+                        }
+                    }
+                }
+                drop(inner);
+                tokio::time::sleep(interval).await;
+            }
+        });
+        BackgroundSync { task }
     }
 
     /// Runs [`sync`](Self::sync) every `interval` until the handle is dropped
@@ -1147,9 +1208,11 @@ impl Inner {
         }
         self.write_hosts(state)?;
 
+        let mut settled = true;
         for (key, pod) in &live {
-            self.run_pod(state, key, pod).await?;
+            settled &= self.run_pod(state, key, pod).await?;
         }
+        state.settled = settled;
         Ok(())
     }
 
@@ -1205,7 +1268,8 @@ impl Inner {
         Ok(())
     }
 
-    async fn run_pod(&self, state: &mut State, key: &PodKey, pod: &Pod) -> Result<()> {
+    /// One pod's kubelet pass; true when it is running and ready.
+    async fn run_pod(&self, state: &mut State, key: &PodKey, pod: &Pod) -> Result<bool> {
         let ip = state.ips[key];
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let pod_dir = self
@@ -1241,7 +1305,7 @@ impl Inner {
             if let Some(p) = run.init_process.take() {
                 p.kill().await;
             }
-            return Ok(());
+            return Ok(false);
         }
 
         // Exited? Schedule a restart with backoff.
@@ -1324,7 +1388,7 @@ impl Inner {
                 }
             }
         }
-        Ok(())
+        Ok(ready)
     }
 
     /// Resolves everything a container start needs, then spawns it.

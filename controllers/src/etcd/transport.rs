@@ -124,7 +124,10 @@ pub fn channel(
         .connect_timeout(config.deadlines.connect)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(false);
+        // Pings while idle too: a tunnel through a workload API server carries
+        // no bytes between polls, and the API client's read timeout would
+        // end it, so every poll would open a new tunnel and TLS session.
+        .keep_alive_while_idle(true);
     if https {
         let tls = config
             .tls
