@@ -46,16 +46,16 @@ fresh-machine-check:
 
 # Peak RSS of the backup path streaming a >= 512 MiB snapshot (prints the figure).
 # The `etcdfleet run` process (release build) carrying a fleet through
-# port-forward (the test world around it is a debug build): first 20
-# three-member clusters on real etcd, then 1,000 one-member clusters on the
-# etcd stand-in (controller cost only). Each prints resync time, peak RSS, API
-# calls per converged reconcile and RSS with 200 x 500 KB Secrets; the last
-# line is the stand-in fleet's `fleet clusters=...`.
+# port-forward, in a test world built with optimizations too (it shares the
+# two cores with the controller it measures): first 20 three-member clusters
+# on real etcd, then 1,000 one-member clusters on the etcd stand-in
+# (controller cost only). Each prints resync time, peak RSS, API calls per
+# converged reconcile and RSS with 200 x 500 KB Secrets; the last line is the
+# stand-in fleet's `fleet clusters=...`.
 bench-fleet: tools
 	cargo build --release -p etcdfleet-controllers --bin etcdfleet
-	cargo build --profile dev -p etcdfleet-tests --bin etcd_standin --bench fleet
-	ETCDFLEET_BENCH_ETCD=real ETCDFLEET_BINARY=$(CURDIR)/target/release/etcdfleet cargo bench --profile dev -p etcdfleet-tests --bench fleet
-	ETCDFLEET_BENCH_ETCD=standin ETCDFLEET_BINARY=$(CURDIR)/target/release/etcdfleet cargo bench --profile dev -p etcdfleet-tests --bench fleet
+	ETCDFLEET_BENCH_ETCD=real ETCDFLEET_BINARY=$(CURDIR)/target/release/etcdfleet cargo bench -p etcdfleet-tests --bench fleet
+	ETCDFLEET_BENCH_ETCD=standin ETCDFLEET_BINARY=$(CURDIR)/target/release/etcdfleet cargo bench -p etcdfleet-tests --bench fleet
 
 bench-backup: tools
 	cargo test --workspace --test backup_memory -- --ignored --nocapture streaming_a_large_snapshot

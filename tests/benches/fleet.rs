@@ -135,9 +135,10 @@ async fn bench() -> Result<()> {
     let started = Instant::now();
     let fleet = Fleet::with_images(ApiServer::management().await?, NS, &names, images).await?;
     // Every runtime syncs when its API changed (or its pods are not all
-    // ready yet), else once every 10 s.
+    // ready yet), else once a minute: the test world shares the two cores
+    // with the controller it measures.
     let _kubelets = fleet
-        .spawn_background_sync_on_change(Duration::from_millis(200), Duration::from_secs(10));
+        .spawn_background_sync_on_change(Duration::from_millis(200), Duration::from_secs(60));
     eprintln!(
         "fleet: {n} workload API servers and runtimes up in {:.1}s",
         started.elapsed().as_secs_f64()
@@ -188,7 +189,7 @@ async fn bench() -> Result<()> {
                 first.log().lines().rev().take(30).collect::<Vec<_>>().join("\n")
             );
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let create_s = created.elapsed().as_secs_f64();
     let rss_create = peak_rss_mib(first.pid())?;

@@ -221,6 +221,8 @@ async fn a_tunnel_broken_mid_reconcile_recovers_without_replacing_members() -> R
     let members_before: Vec<_> = get(&fleet, "etcd-a").await?.status.unwrap().members;
 
     // Cut every tunnel while a reconcile is under way, then a few more times.
+    // (The reconcile under way may already redial: count from before the cut.)
+    let opened_before = pf.tunnels_opened();
     let reconcile = ctl.reconcile(NS, "etcd-a");
     let cut = async {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -228,7 +230,6 @@ async fn a_tunnel_broken_mid_reconcile_recovers_without_replacing_members() -> R
     };
     let (first, ()) = tokio::join!(reconcile, cut);
     eprintln!("reconcile during the cut: {first:?}");
-    let opened_before = pf.tunnels_opened();
     let mut outcome = None;
     for _ in 0..10 {
         fleet.sync_all().await?;

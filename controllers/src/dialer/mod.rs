@@ -18,17 +18,16 @@
 //!   their names.
 
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use http::Uri;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+mod tunnel;
+
+pub use tunnel::Tunnel;
 
 use crate::connector::WorkloadCluster;
 use crate::etcd::{EtcdStream, Transport};
@@ -191,13 +190,11 @@ impl EtcdDialer for PortForwardDialer {
         let opened = self.opened.clone();
         Box::pin(async move {
             let address = MemberAddress::of(&member)?;
-            let pods: Api<Pod> = Api::namespaced(client, &address.namespace);
-            let mut forwarder = pods
-                .portforward(&address.pod, &[address.port])
+            let tunnel = Tunnel::open(&client, &address.namespace, &address.pod, address.port)
                 .await
                 .map_err(|e| {
                     io::Error::new(
-                        io::ErrorKind::ConnectionRefused,
+                        e.kind(),
                         format!(
                             "port-forward to pod {}/{} port {} through {server}: {e}",
                             address.namespace, address.pod, address.port
@@ -205,79 +202,8 @@ impl EtcdDialer for PortForwardDialer {
                     )
                 })?;
             opened.fetch_add(1, Ordering::Relaxed);
-            let stream = forwarder.take_stream(address.port).ok_or_else(|| {
-                io::Error::other("port-forward opened without a stream for its port")
-            })?;
-            let error = forwarder
-                .take_error(address.port)
-                .map(|f| Box::pin(f) as Pin<Box<dyn Future<Output = Option<String>> + Send>>);
-            Ok(Box::new(Tunnel {
-                stream: Box::new(stream),
-                error,
-                failed: None,
-            }) as EtcdStream)
+            Ok(Box::new(tunnel) as EtcdStream)
         })
-    }
-}
-
-use std::future::Future;
-
-/// A port-forward stream that fails reads and writes once the API server
-/// reports an error on the port's error channel (e.g. nothing listens in the
-/// pod), instead of hanging.
-struct Tunnel {
-    stream: EtcdStream,
-    error: Option<Pin<Box<dyn Future<Output = Option<String>> + Send>>>,
-    failed: Option<String>,
-}
-
-impl Tunnel {
-    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        if let Some(error) = &mut self.error
-            && let Poll::Ready(message) = error.as_mut().poll(cx)
-        {
-            self.error = None;
-            if let Some(message) = message {
-                self.failed = Some(message);
-            }
-        }
-        match &self.failed {
-            Some(message) => Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                format!("port-forward: {message}"),
-            )),
-            None => Ok(()),
-        }
-    }
-}
-
-impl AsyncRead for Tunnel {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.check(cx)?;
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Tunnel {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.check(cx)?;
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
