@@ -166,6 +166,17 @@ impl ControllerProcess {
             .stdout(stdout)
             .stderr(stderr);
         adjust(&mut cmd);
+        // A test process killed from outside (a benchmark interrupted)
+        // leaves no controller behind reconciling against nothing.
+        // SAFETY: only an async-signal-safe call between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let child = cmd.spawn().expect("start etcdfleet run");
         ControllerProcess {
             child,
