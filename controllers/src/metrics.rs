@@ -215,28 +215,44 @@ impl Metrics {
             .cluster_conditions
             .lock()
             .expect("metrics lock poisoned");
-        match conditions {
-            Some(c) => {
-                all.insert(
-                    cluster.to_string(),
-                    c.iter()
-                        .map(|c| (c.type_.clone(), c.status.clone()))
-                        .collect(),
-                );
+        let new: Option<Vec<(String, String)>> = conditions.map(|c| {
+            c.iter()
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect()
+        });
+        let old = all.get(cluster);
+        if old == new.as_ref() {
+            return;
+        }
+        // Counted per change, not recounted over every cluster: a fleet's
+        // reconciles would otherwise cost O(clusters) each.
+        for (condition, status) in old.into_iter().flatten() {
+            let labels = ConditionLabels {
+                condition: condition.clone(),
+                status: status.clone(),
+            };
+            let left = {
+                let gauge = self.clusters.get_or_create(&labels);
+                gauge.dec() - 1
+            };
+            if left <= 0 {
+                self.clusters.remove(&labels);
+            }
+        }
+        for (condition, status) in new.iter().flatten() {
+            self.clusters
+                .get_or_create(&ConditionLabels {
+                    condition: condition.clone(),
+                    status: status.clone(),
+                })
+                .inc();
+        }
+        match new {
+            Some(new) => {
+                all.insert(cluster.to_string(), new);
             }
             None => {
                 all.remove(cluster);
-            }
-        }
-        self.clusters.clear();
-        for conditions in all.values() {
-            for (condition, status) in conditions {
-                self.clusters
-                    .get_or_create(&ConditionLabels {
-                        condition: condition.clone(),
-                        status: status.clone(),
-                    })
-                    .inc();
             }
         }
     }
@@ -386,6 +402,15 @@ mod tests {
             m.encode()
                 .contains(r#"etcdfleet_clusters{condition="Available",status="True"} 1"#)
         );
+        // A change moves the cluster between series; an empty series goes.
+        m.set_cluster_conditions("a/x", Some(&[condition("Available", "False")]));
+        m.set_cluster_conditions("a/x", Some(&[condition("Available", "False")]));
+        let text = m.encode();
+        assert!(
+            text.contains(r#"etcdfleet_clusters{condition="Available",status="False"} 2"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"status="True""#), "{text}");
     }
 
     #[test]

@@ -219,6 +219,8 @@ async fn bridge(
         let ch = (2 * i) as u8;
         match tokio::net::TcpStream::connect((ip, *port)).await {
             Ok(tcp) => {
+                // The kubelet's streaming server is Go's: no Nagle delay.
+                let _ = tcp.set_nodelay(true);
                 let (mut read, write) = tcp.into_split();
                 writers.push(Some(write));
                 let to_client = to_client.clone();
@@ -328,6 +330,7 @@ pub fn serve_now(handler: UpgradeHandler) -> anyhow::Result<ServedPortForward> {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
+            let _ = tcp.set_nodelay(true);
             let handler = handler.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {

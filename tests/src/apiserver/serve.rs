@@ -135,6 +135,8 @@ impl Serving {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
+                // As a real API server's: Go sets TCP_NODELAY on every connection.
+                let _ = tcp.set_nodelay(true);
                 let (acceptor, inner) = (acceptor.clone(), inner.clone());
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
