@@ -57,6 +57,8 @@ pub struct Tunnel {
     pending: Bytes,
     /// Data written and not yet sent: its first byte is the data channel.
     outgoing: Vec<u8>,
+    /// A flush of `outgoing` has yielded once (see `poll_flush`).
+    yielded: bool,
     data_started: bool,
     error_started: bool,
     /// The API server's error for the port; every later read or write fails with it.
@@ -138,6 +140,7 @@ impl Tunnel {
             port,
             pending: Bytes::new(),
             outgoing: Vec::new(),
+            yielded: false,
             data_started: false,
             error_started: false,
             failed: None,
@@ -264,6 +267,19 @@ impl AsyncWrite for Tunnel {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.check()?;
+        // Yield once before sending: the HTTP/2 client flushes a request's
+        // HEADERS as soon as they are written and its DATA (and the empty
+        // end-of-stream DATA) from another task moments later. Sent apart,
+        // the second segment waits behind Nagle's algorithm (the API client's
+        // socket has no TCP_NODELAY) for the server's delayed ACK, 40 ms on
+        // Linux, because the server cannot answer before the end of stream.
+        // One turn of the scheduler lets the rest join the same message.
+        if self.outgoing.len() > 1 && !self.yielded {
+            self.yielded = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.yielded = false;
         ready!(self.poll_send(cx))?;
         Pin::new(&mut self.ws).poll_flush(cx).map_err(ws_error)
     }
