@@ -137,8 +137,8 @@ async fn bench() -> Result<()> {
     // Every runtime syncs when its API changed (or its pods are not all
     // ready yet), else once a minute: the test world shares the two cores
     // with the controller it measures.
-    let _kubelets = fleet
-        .spawn_background_sync_on_change(Duration::from_millis(200), Duration::from_secs(60));
+    let _kubelets =
+        fleet.spawn_background_sync_on_change(Duration::from_millis(200), Duration::from_secs(60));
     eprintln!(
         "fleet: {n} workload API servers and runtimes up in {:.1}s",
         started.elapsed().as_secs_f64()
@@ -179,14 +179,22 @@ async fn bench() -> Result<()> {
                     let name = c.metadata.name.clone().unwrap_or_default();
                     let workload = name.replacen('c', "w", 1);
                     let names = etcdfleet_controllers::render::Names::new(&name, WORKLOAD_NS);
-                    fleet.runtime(&workload).pod_log_tail(WORKLOAD_NS, &names.pod(0), 20)
+                    fleet
+                        .runtime(&workload)
+                        .pod_log_tail(WORKLOAD_NS, &names.pod(0), 20)
                 })
                 .unwrap_or_default();
             bail!(
                 "only {ready} of {n} clusters available after {:?}; a cluster not available: {}\nits pod 0's log:\n{pod_log}\ncontroller log (tail):\n{}",
                 created.elapsed(),
                 serde_json::to_string_pretty(&stuck.map(|c| c.status))?,
-                first.log().lines().rev().take(30).collect::<Vec<_>>().join("\n")
+                first
+                    .log()
+                    .lines()
+                    .rev()
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .join("\n")
             );
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -278,7 +286,11 @@ async fn bench() -> Result<()> {
     let rss_secrets = peak_rss_mib(second.pid())?;
     let secret_lists = fleet.secret_lists_or_watches().len();
 
-    let etcd = if real { "real etcd 3.5" } else { "etcd stand-in" };
+    let etcd = if real {
+        "real etcd 3.5"
+    } else {
+        "etcd stand-in"
+    };
     println!(
         "fleet_create clusters={n} members={members} create_s={create_s:.1} rss_mib={rss_create:.1} ({etcd}, TLS, port-forward)"
     );

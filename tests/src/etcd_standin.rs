@@ -92,7 +92,9 @@ impl StandinConfig {
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_prefix('v'))
             .filter(|v| v.split('.').count() == 3 && v.split('.').all(|p| p.parse::<u32>().is_ok()))
-            .ok_or_else(|| anyhow!("{argv0}: the directory of argv[0] must be the version, e.g. v3.5.1/etcd"))?
+            .ok_or_else(|| {
+                anyhow!("{argv0}: the directory of argv[0] must be the version, e.g. v3.5.1/etcd")
+            })?
             .to_string();
         let name = get("name").unwrap_or_else(|| "default".into());
         let client = get("listen-client-urls").context("--listen-client-urls is required")?;
@@ -170,10 +172,7 @@ impl Answers {
                     config.advertise_client_urls.clone()
                 } else {
                     // Its siblings advertise the same host on the client port.
-                    peers
-                        .iter()
-                        .map(|p| p.replace(":2380", ":2379"))
-                        .collect()
+                    peers.iter().map(|p| p.replace(":2380", ":2379")).collect()
                 };
                 PbMember {
                     id: id_of(&[&config.cluster_token, name]),
@@ -250,10 +249,7 @@ impl PbClusterService for Answers {
 
 #[tonic::async_trait]
 impl PbMaintenanceService for Answers {
-    async fn alarm(
-        &self,
-        _: Request<PbAlarmRequest>,
-    ) -> Result<Response<PbAlarmResponse>, Status> {
+    async fn alarm(&self, _: Request<PbAlarmRequest>) -> Result<Response<PbAlarmResponse>, Status> {
         Ok(Response::new(PbAlarmResponse {
             header: self.header(),
             alarms: Vec::new(),
@@ -449,11 +445,21 @@ mod tests {
         assert_eq!(a.members[1].client_ur_ls, vec!["https://m-1.p.ns.svc:2379"]);
         assert_eq!(a.leader, a.members[0].id);
         assert_eq!(a.member_id, a.members[0].id);
-        assert!(StandinConfig::from_args("/bin/etcd", &args(&["--listen-client-urls=http://127.0.0.1:1"])).is_err());
+        assert!(
+            StandinConfig::from_args(
+                "/bin/etcd",
+                &args(&["--listen-client-urls=http://127.0.0.1:1"])
+            )
+            .is_err()
+        );
         assert!(
             StandinConfig::from_args(
                 "/v3.5.1/etcd",
-                &args(&["--name=x", "--listen-client-urls=http://127.0.0.1:1", "--initial-cluster=y=http://y:2380"])
+                &args(&[
+                    "--name=x",
+                    "--listen-client-urls=http://127.0.0.1:1",
+                    "--initial-cluster=y=http://y:2380"
+                ])
             )
             .is_err(),
             "a member missing from --initial-cluster is refused"

@@ -268,7 +268,11 @@ impl ImageTable {
                 std::os::unix::fs::symlink(binary, &link)
                     .with_context(|| format!("linking {}", link.display()))?;
             }
-            for tag in [format!("v{version}"), version.to_string(), format!("{version}-0")] {
+            for tag in [
+                format!("v{version}"),
+                version.to_string(),
+                format!("{version}-0"),
+            ] {
                 table = table.with_tag(&tag, &link);
             }
         }

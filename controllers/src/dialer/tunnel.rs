@@ -129,12 +129,9 @@ impl Tunnel {
         let config = WebSocketConfig::default()
             .read_buffer_size(READ_BUFFER)
             .write_buffer_size(0);
-        let ws = WebSocketStream::from_raw_socket(
-            TokioIo::new(upgraded),
-            Role::Client,
-            Some(config),
-        )
-        .await;
+        let ws =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, Some(config))
+                .await;
         Ok(Tunnel {
             ws,
             port,
@@ -260,7 +257,9 @@ impl AsyncWrite for Tunnel {
         if self.outgoing.is_empty() {
             self.outgoing.push(DATA);
         }
-        let n = buf.len().min(MAX_WRITE + 1 - self.outgoing.len().min(MAX_WRITE));
+        let n = buf
+            .len()
+            .min(MAX_WRITE + 1 - self.outgoing.len().min(MAX_WRITE));
         self.outgoing.extend_from_slice(&buf[..n]);
         Poll::Ready(Ok(n))
     }
