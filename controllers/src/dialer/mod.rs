@@ -9,10 +9,11 @@
 //! appear in a certificate.
 //!
 //! - [`PortForwardDialer`] (the default) opens one `pods/portforward` stream
-//!   through the workload API server per connection: the management cluster
-//!   needs no route to workload pod networks, only the API server access it
-//!   already has. The kubeconfig's identity needs `create` on
-//!   `pods/portforward` in the workload namespace.
+//!   ([`Tunnel`]) through the workload API server per connection: the
+//!   management cluster needs no route to workload pod networks, only the API
+//!   server access it already has. The kubeconfig's identity needs `create`
+//!   (and `get` on API servers before 1.30) on `pods/portforward` in the
+//!   workload namespace.
 //! - [`DirectDialer`] connects over TCP to the advertised host and port, for
 //!   management clusters whose network reaches workload pods and resolves
 //!   their names.
