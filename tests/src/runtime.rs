@@ -695,18 +695,8 @@ impl WorkloadRuntime {
     /// Runs [`sync`](Self::sync) every `interval` until the handle is dropped
     /// or the runtime is dropped. Errors are logged and retried.
     pub fn spawn_background(&self, interval: Duration) -> BackgroundSync {
-        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        let task = tokio::spawn(async move {
-            loop {
-                let Some(inner) = weak.upgrade() else { break };
-                if let Err(e) = inner.sync().await {
-                    tracing::warn!(server = %inner.server_url, error = %e, "workload runtime sync failed");
-                }
-                drop(inner);
-                tokio::time::sleep(interval).await;
-            }
-        });
-        BackgroundSync { task }
+        // With no idle allowance every tick syncs.
+        self.spawn_background_on_change(interval, Duration::ZERO, || 0)
     }
 
     /// Syncs until every StatefulSet has all its replicas ready (and its
