@@ -289,8 +289,15 @@ pub struct ClusterClient {
     /// One client per endpoint: cluster-wide calls go to the preferred one
     /// and move on to the next when it is unreachable; member calls reuse the
     /// member's own client, so a cluster costs one connection per member.
-    clients: Arc<Vec<(String, Client)>>,
+    /// Each sits behind a lock so [`disconnect`](Self::disconnect) can swap
+    /// it for every clone of this client at once.
+    clients: Arc<Vec<(String, std::sync::Mutex<Client>)>>,
     preferred: Arc<AtomicUsize>,
+}
+
+fn locked(slot: &std::sync::Mutex<Client>) -> std::sync::MutexGuard<'_, Client> {
+    // A panic while holding the lock leaves a valid client behind: use it.
+    slot.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl std::fmt::Debug for ClusterClient {
@@ -308,7 +315,13 @@ impl ClusterClient {
         Ok(ClusterClient {
             endpoints: endpoints.to_vec(),
             config: config.clone(),
-            clients: Arc::new(connect_each(endpoints, config).await?),
+            clients: Arc::new(
+                connect_each(endpoints, config)
+                    .await?
+                    .into_iter()
+                    .map(|(endpoint, client)| (endpoint, std::sync::Mutex::new(client)))
+                    .collect(),
+            ),
             preferred: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -316,15 +329,40 @@ impl ClusterClient {
     /// The client cluster-wide calls use now.
     fn client(&self) -> Client {
         let i = self.preferred.load(Ordering::Relaxed) % self.clients.len();
-        self.clients[i].1.clone()
+        locked(&self.clients[i].1).clone()
     }
 
     /// Moves cluster-wide calls to the next endpoint after `e` said the
-    /// current one cannot be reached; the caller's retry then uses it.
+    /// current one cannot be reached, or refused a membership change as
+    /// unsafe; the caller's retry then uses it. etcd's strict
+    /// reconfiguration check is the receiving member's view of its own peer
+    /// connections (each connected for 5 s): a member whose connection to a
+    /// new peer dropped once (its name did not resolve yet when the peer was
+    /// added) refuses for 5 s after it reconnects, while the new peer itself
+    /// may already accept. So a refused change is asked of each member in turn.
     fn note(&self, e: &EtcdError) {
-        if matches!(e, EtcdError::Unreachable(_) | EtcdError::Timeout { .. }) {
+        if matches!(
+            e,
+            EtcdError::Unreachable(_) | EtcdError::Timeout { .. } | EtcdError::UnhealthyCluster(_)
+        ) {
             self.preferred.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Closes this client's connection to `endpoint` (every clone's): a
+    /// fresh, lazy one takes its place, and the old one closes once the calls
+    /// under way on it end. Used before a member is stopped: etcd's graceful
+    /// shutdown waits for its connected clients to leave, about a second for
+    /// an idle HTTP/2 client that keeps its connection, so the member would
+    /// come back that much later.
+    pub async fn disconnect(&self, endpoint: &str) -> Result<()> {
+        let Some((_, slot)) = self.clients.iter().find(|(e, _)| e == endpoint) else {
+            return Ok(());
+        };
+        let fresh = connect_one(endpoint, &self.config).await?;
+        let old = std::mem::replace(&mut *locked(slot), fresh);
+        drop(old);
+        Ok(())
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -339,10 +377,10 @@ impl ClusterClient {
     /// of this cluster's endpoints reuses its connection.
     pub async fn member(&self, endpoint: &str) -> Result<MemberClient> {
         match self.clients.iter().find(|(e, _)| e == endpoint) {
-            Some((_, client)) => Ok(MemberClient {
+            Some((_, slot)) => Ok(MemberClient {
                 endpoint: endpoint.to_string(),
                 config: self.config.clone(),
-                client: client.clone(),
+                client: locked(slot).clone(),
             }),
             None => MemberClient::connect(endpoint, &self.config).await,
         }
@@ -971,6 +1009,35 @@ mod tests {
             "unexpected {err:?}"
         );
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn a_refused_membership_change_moves_on_to_the_next_member() {
+        let endpoints = [
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:2",
+            "http://127.0.0.1:3",
+        ]
+        .map(String::from);
+        let etcd = ClusterClient::connect(&endpoints, &EtcdConfig::default())
+            .await
+            .unwrap();
+        let at = |c: &ClusterClient| c.preferred.load(Ordering::Relaxed) % 3;
+        assert_eq!(at(&etcd), 0);
+        // etcd's strict reconfiguration check is the receiving member's own
+        // view: the retry asks the next one.
+        etcd.note(&EtcdError::UnhealthyCluster(
+            "etcdserver: unhealthy cluster".into(),
+        ));
+        assert_eq!(at(&etcd), 1);
+        etcd.note(&EtcdError::Unreachable("refused".into()));
+        assert_eq!(at(&etcd), 2);
+        // An answer about the request itself stays with the same member.
+        etcd.note(&EtcdError::NotInSync { member_id: 1 });
+        etcd.note(&EtcdError::MemberExists("exists".into()));
+        assert_eq!(at(&etcd), 2);
+        etcd.note(&EtcdError::UnhealthyCluster(String::new()));
+        assert_eq!(at(&etcd), 0, "round the members");
     }
 
     #[tokio::test]
