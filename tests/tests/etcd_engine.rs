@@ -534,3 +534,74 @@ async fn process_with_private_hosts_file_resolves_pod_names() -> Result<()> {
     ensure!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
     Ok(())
 }
+
+/// Established TCP connections this process holds to loopback `port`: the
+/// sockets among its own file descriptors, looked up in `/proc/net/tcp`
+/// (which lists the whole network namespace, etcd's own connections too).
+fn connections_to(port: u16) -> Result<usize> {
+    let mut ours = std::collections::BTreeSet::new();
+    for fd in std::fs::read_dir("/proc/self/fd")? {
+        let Ok(target) = std::fs::read_link(fd?.path()) else {
+            continue;
+        };
+        if let Some(inode) = target
+            .to_str()
+            .and_then(|t| t.strip_prefix("socket:["))
+            .and_then(|t| t.strip_suffix(']'))
+        {
+            ours.insert(inode.to_string());
+        }
+    }
+    let table = std::fs::read_to_string("/proc/self/net/tcp")?;
+    let remote = format!("0100007F:{port:04X}");
+    Ok(table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2) == Some(&remote.as_str())
+                && f.get(3) == Some(&"01")
+                && f.get(9).is_some_and(|inode| ours.contains(*inode))
+        })
+        .count())
+}
+
+/// Before the controller stops a member it closes its own connection to it
+/// (etcd's graceful shutdown waits for connected clients); every clone of
+/// the cluster client loses that connection, and the next call dials anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnecting_a_member_closes_the_connection_and_the_next_call_redials() -> Result<()> {
+    let v35 = require!(EtcdVersion::V3_5);
+    let cluster = LocalEtcdCluster::start(ClusterOptions::new(1, v35).with_tls(true)).await?;
+    let etcd = cluster.cluster_client().await?;
+    let url = cluster.member(0).client_url();
+    let port = cluster.member(0).client_port;
+    let held = etcd.clone();
+    // Connections the harness's own clients may still hold.
+    let others = connections_to(port)?;
+    etcd.list_members().await?;
+    ensure!(
+        connections_to(port)? == others + 1,
+        "one more connection after a call: {} (harness: {others})",
+        connections_to(port)?
+    );
+
+    held.disconnect(&url).await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while connections_to(port)? > others {
+        ensure!(
+            Instant::now() < deadline,
+            "the connection to {url} is still open after disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The other clone uses the fresh connection.
+    let members = etcd.list_members().await?;
+    ensure!(members.len() == 1);
+    ensure!(
+        connections_to(port)? == others + 1,
+        "the next call dials again"
+    );
+    Ok(())
+}

@@ -218,6 +218,13 @@ pub async fn execute(
         }
         Step::RestartMember { ordinal, .. } => {
             if let Some(pod) = observed.pods.get(ordinal) {
+                // Leave first: etcd stops only after its clients have.
+                if let Some(etcd) = &observed.etcd {
+                    let url = observed.names().client_url(*ordinal, inputs.tls);
+                    if let Err(e) = etcd.disconnect(&url).await {
+                        tracing::debug!(error = %e, member = %url, "could not close the connection before the restart");
+                    }
+                }
                 delete_exact(&Api::<Pod>::namespaced(client, ns), pod)
                     .await
                     .map_err(err)?;
