@@ -4,7 +4,9 @@
 //! when it looks again; the runtime syncs every 100 ms like a kubelet) and
 //! once by this bench directly with the etcd binaries (same restarts, same
 //! order: followers first, leader last after a leadership move; learners
-//! added, started and promoted one by one).
+//! added, started and promoted one by one; mutual TLS on client and peer
+//! ports and the same heartbeat and election timeouts as the pods, since
+//! etcd's shutdown and joins differ with TLS).
 //!
 //! `cargo bench -p etcdfleet-tests --bench operations`. Prints
 //! `upgrade controller_s=<s> floor_s=<s> ratio=<r>` and the same for
@@ -105,7 +107,7 @@ async fn controller_scale_out() -> Result<Duration> {
 async fn floor_upgrade() -> Result<Duration> {
     let old = require_etcd(EtcdVersion::V3_4).context("etcd 3.4")?;
     let new = require_etcd(EtcdVersion::V3_5).context("etcd 3.5")?;
-    let mut etcd = LocalEtcdCluster::start(ClusterOptions::new(3, old)).await?;
+    let mut etcd = LocalEtcdCluster::start(ClusterOptions::new(3, old).with_tls(true)).await?;
     let started = Instant::now();
     let (_, leader) = etcd.cluster_client().await?.leader().await?;
     let mut ids = Vec::new();
@@ -131,7 +133,8 @@ async fn floor_upgrade() -> Result<Duration> {
 /// Two learners added, started and promoted one after the other.
 async fn floor_scale_out() -> Result<Duration> {
     let binary = require_etcd(EtcdVersion::V3_5).context("etcd 3.5")?;
-    let mut etcd = LocalEtcdCluster::start(ClusterOptions::new(3, binary.clone())).await?;
+    let mut etcd =
+        LocalEtcdCluster::start(ClusterOptions::new(3, binary.clone()).with_tls(true)).await?;
     let started = Instant::now();
     for _ in 0..2 {
         etcd.scale_out_with_module(binary.clone()).await?;
@@ -163,9 +166,26 @@ async fn main() -> Result<()> {
     if require_etcd(EtcdVersion::V3_4).is_none() || require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
-    let upgrade = (controller_upgrade().await?, floor_upgrade().await?);
-    let scale_out = (controller_scale_out().await?, floor_scale_out().await?);
-    println!("{}", line("upgrade", upgrade.0, upgrade.1));
-    println!("{}", line("scale_out", scale_out.0, scale_out.1));
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    // `ETCDFLEET_BENCH_ONLY=upgrade|scale_out` runs one of the two.
+    let only = std::env::var("ETCDFLEET_BENCH_ONLY").ok();
+    let wanted = |what: &str| only.as_deref().is_none_or(|o| o == what);
+    let mut lines = Vec::new();
+    if wanted("upgrade") {
+        let upgrade = (controller_upgrade().await?, floor_upgrade().await?);
+        lines.push(line("upgrade", upgrade.0, upgrade.1));
+    }
+    if wanted("scale_out") {
+        let scale_out = (controller_scale_out().await?, floor_scale_out().await?);
+        lines.push(line("scale_out", scale_out.0, scale_out.1));
+    }
+    for l in lines {
+        println!("{l}");
+    }
     Ok(())
 }

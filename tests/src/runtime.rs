@@ -677,7 +677,9 @@ impl WorkloadRuntime {
                 let quiet = synced == Some((now, true)) && last_sync.elapsed() < idle;
                 if !quiet {
                     last_sync = Instant::now();
-                    match inner.sync().await {
+                    let result = inner.sync().await;
+                    tracing::trace!(server = %inner.server_url, took = ?last_sync.elapsed(), "workload runtime sync");
+                    match result {
                         Ok(()) => synced = Some((now, inner.state.lock().await.settled)),
                         Err(e) => {
                             synced = None;
@@ -816,7 +818,8 @@ async fn stop_all(runs: Vec<PodRun>) {
 impl Drop for Inner {
     fn drop(&mut self) {
         // Processes die with their EtcdProcess (State drops after this).
-        if std::thread::panicking()
+        // `ETCDFLEET_KEEP_PODS=1` keeps them after a passing run too.
+        if (std::thread::panicking() || std::env::var_os("ETCDFLEET_KEEP_PODS").is_some())
             && let Some(dir) = self.dir.take()
         {
             let path = dir.keep();
