@@ -11,8 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    AlarmAction, AlarmOptions, AlarmType, Certificate, Client, ConnectOptions, GetOptions,
-    Identity, MemberAddOptions, TlsOptions,
+    AlarmAction, AlarmOptions, AlarmType, Client, ConnectOptions, GetOptions, MemberAddOptions,
 };
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -22,7 +21,7 @@ use tracing::Instrument;
 use super::Member;
 use super::error::EtcdError;
 use super::health::{ClusterHealth, MemberObservation};
-use super::transport::Transport;
+use super::transport::{TlsConfig, Transport, tls_config};
 
 pub type Result<T, E = EtcdError> = std::result::Result<T, E>;
 
@@ -44,25 +43,6 @@ impl std::fmt::Debug for TlsMaterial {
             .field("client_cert", &self.client_cert_pem.is_some())
             .field("server_name", &self.server_name)
             .finish_non_exhaustive()
-    }
-}
-
-impl TlsMaterial {
-    pub(crate) fn to_options(&self) -> Result<TlsOptions> {
-        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
-        match (&self.client_cert_pem, &self.client_key_pem) {
-            (Some(cert), Some(key)) => tls = tls.identity(Identity::from_pem(cert, key)),
-            (None, None) => {}
-            _ => {
-                return Err(EtcdError::Tls(
-                    "a client certificate needs both cert and key".into(),
-                ));
-            }
-        }
-        if let Some(name) = &self.server_name {
-            tls = tls.domain_name(name.clone());
-        }
-        Ok(tls)
     }
 }
 
@@ -231,20 +211,33 @@ where
 }
 
 /// One lazy client per endpoint, each over its own channel (see
-/// [`super::transport::channel`]).
-async fn connect_each(endpoints: &[String], config: &EtcdConfig) -> Result<Vec<(String, Client)>> {
+/// [`super::transport::channel`]), all with the one TLS config `tls`.
+async fn connect_each(
+    endpoints: &[String],
+    config: &EtcdConfig,
+    tls: Option<&TlsConfig>,
+) -> Result<Vec<(String, Client)>> {
     if endpoints.is_empty() {
         return Err(EtcdError::NoEndpoints);
     }
     let mut clients = Vec::with_capacity(endpoints.len());
     for endpoint in endpoints {
-        clients.push((endpoint.clone(), connect_one(endpoint, config).await?));
+        clients.push((endpoint.clone(), connect_one(endpoint, config, tls).await?));
     }
     Ok(clients)
 }
 
-async fn connect_one(endpoint: &str, config: &EtcdConfig) -> Result<Client> {
-    let channel = super::transport::channel(endpoint, config)?;
+/// The TLS config of `config`'s material, built once for a whole cluster.
+fn shared_tls(config: &EtcdConfig) -> Result<Option<TlsConfig>> {
+    config.tls.as_ref().map(tls_config).transpose()
+}
+
+async fn connect_one(
+    endpoint: &str,
+    config: &EtcdConfig,
+    tls: Option<&TlsConfig>,
+) -> Result<Client> {
+    let channel = super::transport::channel(endpoint, config, tls)?;
     with_deadline(
         "connect",
         config.deadlines.connect,
@@ -293,6 +286,8 @@ pub struct ClusterClient {
     /// it for every clone of this client at once.
     clients: Arc<Vec<(String, std::sync::Mutex<Client>)>>,
     preferred: Arc<AtomicUsize>,
+    /// The TLS config all members' connections share.
+    tls: Option<TlsConfig>,
 }
 
 fn locked(slot: &std::sync::Mutex<Client>) -> std::sync::MutexGuard<'_, Client> {
@@ -312,17 +307,19 @@ impl ClusterClient {
     /// Prepares a client over `endpoints` (client URLs). Lazy: it does not
     /// prove any member is up.
     pub async fn connect(endpoints: &[String], config: &EtcdConfig) -> Result<Self> {
+        let tls = shared_tls(config)?;
         Ok(ClusterClient {
             endpoints: endpoints.to_vec(),
             config: config.clone(),
             clients: Arc::new(
-                connect_each(endpoints, config)
+                connect_each(endpoints, config, tls.as_ref())
                     .await?
                     .into_iter()
                     .map(|(endpoint, client)| (endpoint, std::sync::Mutex::new(client)))
                     .collect(),
             ),
             preferred: Arc::new(AtomicUsize::new(0)),
+            tls,
         })
     }
 
@@ -359,7 +356,7 @@ impl ClusterClient {
         let Some((_, slot)) = self.clients.iter().find(|(e, _)| e == endpoint) else {
             return Ok(());
         };
-        let fresh = connect_one(endpoint, &self.config).await?;
+        let fresh = connect_one(endpoint, &self.config, self.tls.as_ref()).await?;
         let old = std::mem::replace(&mut *locked(slot), fresh);
         drop(old);
         Ok(())
@@ -382,7 +379,11 @@ impl ClusterClient {
                 config: self.config.clone(),
                 client: locked(slot).clone(),
             }),
-            None => MemberClient::connect(endpoint, &self.config).await,
+            None => Ok(MemberClient {
+                endpoint: endpoint.to_string(),
+                config: self.config.clone(),
+                client: connect_one(endpoint, &self.config, self.tls.as_ref()).await?,
+            }),
         }
     }
 
@@ -776,7 +777,7 @@ impl MemberClient {
         Ok(MemberClient {
             endpoint: endpoint.to_string(),
             config: config.clone(),
-            client: connect_one(endpoint, config).await?,
+            client: connect_one(endpoint, config, shared_tls(config)?.as_ref()).await?,
         })
     }
 
