@@ -36,10 +36,11 @@ use tokio_tungstenite::tungstenite::{self, Message};
 /// The subprotocol of port-forward over websockets.
 pub const PROTOCOL: &str = "v4.channel.k8s.io";
 
-/// The websocket read buffer of a tunnel. etcd's answers to the calls the
-/// controller makes are a few hundred bytes; snapshots stream in 32 KiB
-/// messages, read in more than one call.
-pub const READ_BUFFER: usize = 16 * 1024;
+/// The websocket read buffer of a tunnel, held for as long as the tunnel is
+/// pooled. etcd's answers to the calls the controller makes are a few
+/// hundred bytes; snapshots stream in 32 KiB messages, read in more than one
+/// call.
+pub const READ_BUFFER: usize = 4 * 1024;
 
 /// The largest message sent: writes beyond it go out in the next message.
 const MAX_WRITE: usize = 64 * 1024;
