@@ -11,9 +11,11 @@
 //!
 //! What is traced: one `reconcile` span per reconcile with a child per
 //! pipeline step (`etcdcluster::reconcile_cluster`), one span per etcd call
-//! (`etcd::client`), and one per Kubernetes API request: kube-client opens a
-//! debug-level `HTTP` span for every request, which the trace exporter takes
-//! even when the log filter does not print debug lines.
+//! (`etcd::client`), and one per Kubernetes API request: a debug-level
+//! `HTTP` span, opened by kube-client for the management API and by the
+//! workload client (`connector`, target [`HTTP_SPAN_TARGET`]) for workload
+//! APIs, which the trace exporter takes even when the log filter does not
+//! print debug lines.
 
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig;
@@ -148,12 +150,16 @@ pub fn init(format: LogFormat, config: &TracingConfig) -> Result<Telemetry, Stri
     Ok(Telemetry { provider })
 }
 
-/// What the trace layer takes: info and above, plus kube-client's
-/// per-request `HTTP` spans, which it opens at debug.
+/// The target of the workload client's per-request `HTTP` spans.
+pub const HTTP_SPAN_TARGET: &str = "etcdfleet::http";
+
+/// What the trace layer takes: info and above, plus the per-request `HTTP`
+/// spans (kube-client's and the workload client's), opened at debug.
 fn trace_filter() -> Targets {
     Targets::new()
         .with_default(LevelFilter::INFO)
         .with_target("kube_client::client::builder", LevelFilter::DEBUG)
+        .with_target(HTTP_SPAN_TARGET, LevelFilter::DEBUG)
 }
 
 fn tracer_provider(target: &Export) -> Result<SdkTracerProvider, String> {
@@ -255,6 +261,7 @@ mod tests {
     fn trace_layer_takes_kube_client_request_spans_but_not_other_debug_spans() {
         let filter = trace_filter();
         assert!(filter.would_enable("kube_client::client::builder", &tracing::Level::DEBUG));
+        assert!(filter.would_enable(HTTP_SPAN_TARGET, &tracing::Level::DEBUG));
         assert!(filter.would_enable("etcdfleet_controllers::etcdcluster", &tracing::Level::INFO));
         assert!(!filter.would_enable("h2::codec", &tracing::Level::DEBUG));
     }
