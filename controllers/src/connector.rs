@@ -188,7 +188,7 @@ const IDLE_CONNECTION: Duration = Duration::from_secs(10);
 
 /// A workload API client: kube's layers (base URI, credentials, extra
 /// headers, an `HTTP` span per request named by its verb) and timeouts, over
-/// a connector of its own that differs from kube's default in two ways:
+/// a connector of its own that differs from kube's default in three ways:
 ///
 /// - TCP_NODELAY: a request's last segment leaves at once instead of waiting
 ///   behind Nagle's algorithm for the API server's delayed ACK (tens of ms);
