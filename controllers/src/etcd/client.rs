@@ -379,11 +379,7 @@ impl ClusterClient {
                 config: self.config.clone(),
                 client: locked(slot).clone(),
             }),
-            None => Ok(MemberClient {
-                endpoint: endpoint.to_string(),
-                config: self.config.clone(),
-                client: connect_one(endpoint, &self.config, self.tls.as_ref()).await?,
-            }),
+            None => MemberClient::connect_with(endpoint, &self.config, self.tls.as_ref()).await,
         }
     }
 
@@ -774,10 +770,19 @@ impl std::fmt::Debug for MemberClient {
 impl MemberClient {
     /// Prepares a client for the member at `endpoint` (lazy, see module docs).
     pub async fn connect(endpoint: &str, config: &EtcdConfig) -> Result<Self> {
+        Self::connect_with(endpoint, config, shared_tls(config)?.as_ref()).await
+    }
+
+    /// As [`connect`](Self::connect), with a TLS config already built.
+    async fn connect_with(
+        endpoint: &str,
+        config: &EtcdConfig,
+        tls: Option<&TlsConfig>,
+    ) -> Result<Self> {
         Ok(MemberClient {
             endpoint: endpoint.to_string(),
             config: config.clone(),
-            client: connect_one(endpoint, config, shared_tls(config)?.as_ref()).await?,
+            client: connect_one(endpoint, config, tls).await?,
         })
     }
 

@@ -185,8 +185,8 @@ impl tower::Service<Uri> for Connector {
 
 /// A lazy gRPC channel to the member at `endpoint`: nothing is dialed until
 /// the first call, and a broken stream is redialed on the next call. An
-/// `https` member gets TLS with `shared` (the cluster's config), or with a
-/// config built from `config.tls` when none is given.
+/// `https` member gets TLS with `shared`, the config [`tls_config`] built from
+/// `config.tls` for the whole cluster.
 pub fn channel(
     endpoint: &str,
     config: &EtcdConfig,
@@ -201,10 +201,9 @@ pub fn channel(
         return Err(invalid("expected an http:// or https:// URL".into()));
     }
     let tls = if https {
-        let material = config
-            .tls
-            .as_ref()
-            .ok_or_else(|| EtcdError::Tls(format!("{endpoint} needs TLS material")))?;
+        let (Some(material), Some(shared)) = (&config.tls, shared) else {
+            return Err(EtcdError::Tls(format!("{endpoint} needs TLS material")));
+        };
         let uri: Uri = endpoint
             .parse()
             .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
@@ -220,10 +219,7 @@ pub fn channel(
         let server_name = rustls::pki_types::ServerName::try_from(name.clone())
             .map_err(|e| EtcdError::Tls(format!("server name {name:?}: {e}")))?;
         Some(Tls {
-            config: match shared {
-                Some(config) => config.clone(),
-                None => tls_config(material)?,
-            },
+            config: shared.clone(),
             server_name,
         })
     } else {
