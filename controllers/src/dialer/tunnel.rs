@@ -11,8 +11,10 @@
 //! The tunnel holds no task: reads take the data of the websocket message
 //! just received; writes gather into one message that is sent on flush (or
 //! when it reaches [`MAX_WRITE`]), so the gRPC frames of one request leave as
-//! one TCP segment instead of several small ones that Nagle's algorithm
-//! would hold back for the peer's delayed acknowledgement (40 ms each).
+//! one websocket message and TCP segment. The workload client's own
+//! connector sets TCP_NODELAY; a kubeconfig with a proxy gets kube's
+//! connector, which does not, and there several small segments would wait
+//! behind Nagle's algorithm for the peer's delayed acknowledgement (40 ms).
 //! Its websocket read buffer is [`READ_BUFFER`] (the websocket library's
 //! default, 128 KiB, is zero-filled on every read and stays resident for the
 //! tunnel's life: with a tunnel per cluster kept between reconciles, that
@@ -269,11 +271,11 @@ impl AsyncWrite for Tunnel {
         self.check()?;
         // Yield once before sending: the HTTP/2 client flushes a request's
         // HEADERS as soon as they are written and its DATA (and the empty
-        // end-of-stream DATA) from another task moments later. Sent apart,
-        // the second segment waits behind Nagle's algorithm (the API client's
-        // socket has no TCP_NODELAY) for the server's delayed ACK, 40 ms on
-        // Linux, because the server cannot answer before the end of stream.
-        // One turn of the scheduler lets the rest join the same message.
+        // end-of-stream DATA) from another task moments later. One turn of
+        // the scheduler lets the rest join the same message. Sent apart on a
+        // socket without TCP_NODELAY (kube's connector, used through a
+        // proxy), the second segment would wait behind Nagle's algorithm for
+        // the server's delayed ACK, 40 ms on Linux.
         if self.outgoing.len() > 1 && !self.yielded {
             self.yielded = true;
             cx.waker().wake_by_ref();
