@@ -486,10 +486,7 @@ fn log_controller_error(
     }
 }
 
-/// How often freed heap memory is handed back to the operating system.
-const TRIM_EVERY: Duration = Duration::from_secs(30);
-
-/// Hands freed heap pages back to the operating system every [`TRIM_EVERY`].
+/// Hands freed heap pages back to the operating system every 30 s.
 /// A fleet's connections close and reopen all the time (idle workload API
 /// connections after 10 s, tunnels of evicted etcd clients), and glibc keeps
 /// the pages they freed inside its arenas unless asked: the process would
@@ -499,7 +496,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(30);
 async fn return_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     loop {
-        tokio::time::sleep(TRIM_EVERY).await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
         // SAFETY: malloc_trim only reads and adjusts glibc's own heap
         // bookkeeping under its locks; it takes no pointers from us.
         unsafe {
