@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward
+.PHONY: test tools rust-tools lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
 
 tools:
 	./hack/install-tools.sh
@@ -22,6 +22,12 @@ test: tools rust-tools
 # through pods/portforward tunnels (the production default dialer).
 test-portforward: tools rust-tools
 	ETCDFLEET_DIALER=portForward cargo nextest run --workspace --test e2e_lifecycle --test e2e_versions --test portforward --no-fail-fast
+
+# The real control-plane tier (tests/tests/real_*.rs) on the oldest
+# Kubernetes minor the project supports (hack/upstream/kubernetes-oldest).
+test-kubernetes-oldest: tools rust-tools
+	./hack/upstream/build.sh kubernetes-oldest
+	ETCDFLEET_KUBERNETES_DIR=$(CURDIR)/.tools/kubernetes-oldest cargo nextest run --workspace --no-fail-fast -E 'binary(/^real_/)'
 
 lint:
 	cargo fmt --all -- --check

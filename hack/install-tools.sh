@@ -11,7 +11,12 @@
 #     loopback, in its own virtualenv .tools/moto-venv/ (never into the
 #     machine's Python, whose other packages pin other boto versions).
 #   - kubectl (Debian kubernetes-client, unless a kubectl is already on PATH),
-#     whose `kubectl kustomize` renders the stage overlays in tests/tests/deploy.rs.
+#     whose `kubectl kustomize` renders the stage overlays in tests/tests/deploy.rs;
+#   - upstream binaries built with the machine's Go from the Go module proxy
+#     (hack/upstream/build.sh, cached outside the clone, keyed by version):
+#     kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of
+#     the pinned Kubernetes -> .tools/kubernetes (the real control-plane
+#     tier), and etcd/etcdctl/etcdutl of each pinned etcd -> .tools/etcd-v*.
 # Then it proves each tool does its job (not just that it starts); a broken
 # install fails here, naming the package, before cargo starts.
 # Re-running it when everything is present does nothing but check.
@@ -79,6 +84,10 @@ if [ ! -x "$moto_venv/bin/moto_server" ] || ! "$moto_venv/bin/python" -c "import
   python3 -m venv "$moto_venv"
   "$moto_venv/bin/python" -m pip install --quiet --disable-pip-version-check "moto[server]>=5,<6"
 fi
+
+# Kubernetes and current etcd releases, from their Go modules (each binary
+# proves its version there).
+"$root/hack/upstream/build.sh"
 
 # --- Prove each tool does its job -------------------------------------------
 check_dir=$(mktemp -d)
