@@ -40,6 +40,10 @@ pub struct EtcdConfig {
     /// (`<repository>:v<version>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Registry host (optional port) and lowercase path, no tag or digest.
+    // The length bound keeps the rule within the API server's CEL cost
+    // budget (unbounded, its estimated cost is 1.23x the budget and a real
+    // API server refuses the CRD).
+    #[schemars(length(max = 255))]
     #[x_kube(validation = Rule::new("self.matches('^([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?([.][a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$')").message("imageRepository must be an image repository without tag, e.g. gcr.io/etcd-development/etcd"))]
     pub image_repository: Option<String>,
 

@@ -108,6 +108,68 @@ impl EtcdBinary {
     }
 }
 
+/// One etcd release the test command built from its Go modules
+/// (`hack/upstream/build.sh`), linked at `.tools/etcd-v<version>/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltEtcd {
+    /// `(major, minor, patch)`.
+    pub version: (u64, u64, u64),
+    pub etcd: PathBuf,
+    pub etcdctl: PathBuf,
+    pub etcdutl: PathBuf,
+}
+
+impl BuiltEtcd {
+    /// `3.6.16`.
+    pub fn version_string(&self) -> String {
+        let (a, b, c) = self.version;
+        format!("{a}.{b}.{c}")
+    }
+}
+
+/// Every built etcd release under `.tools/` (or `ETCDFLEET_TOOLS_DIR`),
+/// oldest first. The PyPI 3.5.1 (`.tools/etcd-v3.5.1`) counts too: it has
+/// the same layout.
+pub fn built_etcds() -> Vec<BuiltEtcd> {
+    let tools = std::env::var_os("ETCDFLEET_TOOLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".tools"));
+    let mut found: Vec<BuiltEtcd> = fs::read_dir(&tools)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let mut parts = name
+                .strip_prefix("etcd-v")?
+                .split('.')
+                .map(str::parse::<u64>);
+            let version = (
+                parts.next()?.ok()?,
+                parts.next()?.ok()?,
+                parts.next()?.ok()?,
+            );
+            let dir = entry.path();
+            let built = BuiltEtcd {
+                version,
+                etcd: dir.join("etcd"),
+                etcdctl: dir.join("etcdctl"),
+                etcdutl: dir.join("etcdutl"),
+            };
+            built.etcd.is_file().then_some(built)
+        })
+        .collect();
+    found.sort_by_key(|b| b.version);
+    found
+}
+
+/// The newest built etcd (what the real control planes store objects in).
+pub fn newest_built_etcd() -> Result<BuiltEtcd> {
+    built_etcds()
+        .pop()
+        .ok_or_else(|| anyhow!("no etcd under .tools/etcd-v* (run hack/upstream/build.sh)"))
+}
+
 /// The binaries of `version`, or `None` after a loud `SKIPPED:` line on
 /// stderr when they are missing. With `ETCDFLEET_REQUIRE_ETCD=1` (set by the
 /// Makefile, so CI never skips silently) a missing binary panics instead.

@@ -142,6 +142,11 @@ pub const CREDENTIALS: &str = "backup-credentials";
 /// Creates the Secret [`CREDENTIALS`] in the fleet's namespace with this
 /// server's keys, under the key names the controller reads.
 pub async fn put_credentials(fleet: &crate::fleet::Fleet) -> Result<()> {
+    put_credentials_in(fleet.management_direct(), fleet.namespace()).await
+}
+
+/// [`put_credentials`] into namespace `namespace` through `client`.
+pub async fn put_credentials_in(client: kube::Client, namespace: &str) -> Result<()> {
     use etcdfleet_controllers::backup::store;
     use k8s_openapi::ByteString;
     use k8s_openapi::api::core::v1::Secret;
@@ -149,7 +154,7 @@ pub async fn put_credentials(fleet: &crate::fleet::Fleet) -> Result<()> {
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(CREDENTIALS.into()),
-            namespace: Some(fleet.namespace().into()),
+            namespace: Some(namespace.into()),
             ..Default::default()
         },
         data: Some(
@@ -167,7 +172,7 @@ pub async fn put_credentials(fleet: &crate::fleet::Fleet) -> Result<()> {
         ),
         ..Default::default()
     };
-    kube::Api::<Secret>::namespaced(fleet.management_direct(), fleet.namespace())
+    kube::Api::<Secret>::namespaced(client, namespace)
         .create(&kube::api::PostParams::default(), &secret)
         .await?;
     Ok(())

@@ -70,6 +70,18 @@
 //! read-only mounts, sidecar containers (only the first container of
 //! `containers` runs), any main command other than etcd.
 //!
+//! **Node mode** ([`WorkloadRuntime::for_nodes`]) is the kubelet of a real
+//! control plane's Nodes (`crate::control_plane`): the real
+//! kube-controller-manager plays the StatefulSet controller, so the runtime
+//! only runs the pods the scheduler bound to its Nodes. A pod's
+//! `persistentVolumeClaim` volume is the host path of the PV its claim is
+//! bound to (the host-path provisioner's directory), so data outlives the pod
+//! as on a node; a `projected` volume (the ServiceAccount token admission
+//! adds) gets its ConfigMap and downward-API files and an empty token; startup,
+//! liveness and readiness probes run on their schedule ([`probes`]); a pod
+//! being deleted gets SIGTERM, SIGKILL after its grace period, and is then
+//! deleted for good (grace 0, UID precondition) as the kubelet does.
+//!
 //! All processes die when the runtime is dropped, on [`WorkloadRuntime::shutdown`],
 //! and when the test process dies (`PR_SET_PDEATHSIG`). Logs are per pod
 //! under [`WorkloadRuntime::log_dir`]; if the runtime is dropped while the
@@ -87,8 +99,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod,
-    PodStatus, Secret, Volume,
+    ConfigMap, Container, KeyToPath, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource, Pod, PodStatus, Secret, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
@@ -97,6 +109,9 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::etcd_harness::{EtcdBinary, EtcdProcess, EtcdVersion, ProcessSpec, random_u64};
+
+pub mod probes;
+use probes::Probes;
 
 const BACKOFF_START: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -157,6 +172,19 @@ impl ImageTable {
                 .with_tag_command(tag, "etcdctl", &b35.etcdctl);
             if let Some(etcdutl) = &b35.etcdutl {
                 table = table.with_tag_command(tag, "etcdutl", etcdutl);
+            }
+        }
+        for built in crate::etcd_harness::built_etcds() {
+            let version = built.version_string();
+            for tag in [
+                format!("v{version}"),
+                version.clone(),
+                format!("{version}-0"),
+            ] {
+                table = table
+                    .with_tag(&tag, &built.etcd)
+                    .with_tag_command(&tag, "etcdctl", &built.etcdctl)
+                    .with_tag_command(&tag, "etcdutl", &built.etcdutl);
             }
         }
         table.with_seeder()
@@ -467,6 +495,10 @@ struct PodRun {
     /// them for this pod UID).
     init_done: usize,
     init_process: Option<EtcdProcess>,
+    /// Node mode: the running container's probes.
+    probes: Option<Probes>,
+    /// The status last written for this pod UID (written again only on change).
+    written: Option<PodStatus>,
 }
 
 #[derive(Default)]
@@ -487,10 +519,20 @@ struct State {
 /// Loopback /24 blocks taken by runtimes of this process.
 static TAKEN_BLOCKS: Mutex<BTreeSet<(u8, u8)>> = Mutex::new(BTreeSet::new());
 
+/// What a runtime plays (see the module docs).
+#[derive(Debug, Clone)]
+enum Mode {
+    /// StatefulSet controller and kubelet of every pod, for the in-memory API.
+    Emulated,
+    /// The kubelet of the pods bound to these Nodes of a real control plane.
+    Nodes(BTreeSet<String>),
+}
+
 struct Inner {
     server_url: String,
     client: Client,
     images: ImageTable,
+    mode: Mode,
     block: (u8, u8),
     /// Held for the runtime's life: marks the block taken for other test processes.
     _block_lock: TcpListener,
@@ -593,6 +635,22 @@ impl WorkloadRuntime {
 
     /// Like [`new`](Self::new), returning setup errors.
     pub fn try_new(server_url: &str, client: Client, images: ImageTable) -> Result<Self> {
+        Self::with_mode(server_url, client, images, Mode::Emulated)
+    }
+
+    /// The kubelet of `nodes` of a real control plane (node mode, see the
+    /// module docs). The Nodes are registered by the caller.
+    pub fn for_nodes(
+        server_url: &str,
+        client: Client,
+        images: ImageTable,
+        nodes: &[String],
+    ) -> Result<Self> {
+        let nodes = nodes.iter().cloned().collect();
+        Self::with_mode(server_url, client, images, Mode::Nodes(nodes))
+    }
+
+    fn with_mode(server_url: &str, client: Client, images: ImageTable, mode: Mode) -> Result<Self> {
         let (block, lock) = allocate_block()?;
         let dir = tempfile::Builder::new()
             .prefix("etcdfleet-runtime-")
@@ -609,6 +667,7 @@ impl WorkloadRuntime {
                 server_url: server_url.to_string(),
                 client,
                 images,
+                mode,
                 block,
                 _block_lock: lock,
                 dir: Some(dir),
@@ -764,7 +823,14 @@ impl WorkloadRuntime {
                 p.kill().await;
             }
         }
-        let dir = self.inner.pvc_dir(namespace, pvc);
+        let claim = Api::<PersistentVolumeClaim>::namespaced(self.inner.client.clone(), namespace)
+            .get(pvc)
+            .await?;
+        let dir = self
+            .inner
+            .claim_dir(namespace, &claim)
+            .await?
+            .ok_or_else(|| anyhow!("PVC {namespace}/{pvc} is not bound"))?;
         if dir.is_dir() {
             for entry in fs::read_dir(&dir)? {
                 let path = entry?.path();
@@ -847,6 +913,9 @@ impl Inner {
         let mut state = self.state.lock().await;
         if state.shut_down {
             bail!("workload runtime {} was shut down", self.server_url);
+        }
+        if let Mode::Nodes(_) = self.mode {
+            return self.run_kubelet(&mut state).await;
         }
         self.run_statefulsets().await?;
         self.run_kubelet(&mut state).await?;
@@ -1165,6 +1234,7 @@ impl Inner {
             .items;
         let live: BTreeMap<PodKey, &Pod> = pods
             .iter()
+            .filter(|p| self.runs_here(p))
             .map(|p| ((p.namespace().unwrap_or_default(), p.name_any()), p))
             .collect();
 
@@ -1211,6 +1281,59 @@ impl Inner {
         }
         state.settled = settled;
         Ok(())
+    }
+
+    /// Whether this kubelet runs `pod`: every pod (emulated), or pods bound
+    /// to one of its Nodes.
+    fn runs_here(&self, pod: &Pod) -> bool {
+        match &self.mode {
+            Mode::Emulated => true,
+            Mode::Nodes(nodes) => pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some_and(|n| nodes.contains(n)),
+        }
+    }
+
+    /// Node mode, once a deleted pod's containers stopped: removes the pod
+    /// object (grace 0, only this UID), as the kubelet does.
+    async fn finish_deletion(&self, pod: &Pod) -> Result<()> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(kube::api::Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&pod.name_any(), &params).await {
+            // Gone already, or a new pod of that name (409): nothing to do.
+            Err(e) if is_status_code(&e, 404) || is_status_code(&e, 409) => Ok(()),
+            Err(e) => Err(e.into()),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// The host directory behind PVC `ns/name`: the runtime's own directory
+    /// (emulated), or the host path of the PV the claim is bound to (node
+    /// mode; `None` while it is unbound).
+    async fn claim_dir(&self, ns: &str, claim: &PersistentVolumeClaim) -> Result<Option<PathBuf>> {
+        match self.mode {
+            Mode::Emulated => Ok(Some(self.pvc_dir(ns, &claim.name_any()))),
+            Mode::Nodes(_) => {
+                let Some(volume) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
+                    return Ok(None);
+                };
+                let pv = Api::<PersistentVolume>::all(self.client.clone())
+                    .get_opt(&volume)
+                    .await?;
+                Ok(pv
+                    .and_then(|pv| pv.spec?.host_path)
+                    .map(|h| PathBuf::from(h.path)))
+            }
+        }
     }
 
     fn ip_for(&self, state: &mut State, key: &PodKey) -> Result<Ipv4Addr> {
@@ -1292,15 +1415,24 @@ impl Inner {
             claims: Vec::new(),
             init_done: 0,
             init_process: None,
+            probes: None,
+            written: None,
         });
 
         // A pod being deleted (seeded with deletionTimestamp): stop it.
         if pod.metadata.deletion_timestamp.is_some() {
+            let grace = match self.mode {
+                Mode::Emulated => TERMINATION_GRACE,
+                Mode::Nodes(_) => deletion_grace(pod),
+            };
             if let Some(p) = run.process.take() {
-                p.terminate(TERMINATION_GRACE).await;
+                p.terminate(grace).await;
             }
             if let Some(p) = run.init_process.take() {
                 p.kill().await;
+            }
+            if let Mode::Nodes(_) = self.mode {
+                self.finish_deletion(pod).await?;
             }
             return Ok(false);
         }
@@ -1344,6 +1476,9 @@ impl Inner {
                     if run.ever_started {
                         run.restart_count += 1;
                     }
+                    if let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) {
+                        run.probes = Some(Probes::new(container, ip));
+                    }
                     run.ever_started = true;
                     run.process = Some(process);
                     run.container_started = Some((Instant::now(), now_rfc3339()));
@@ -1358,6 +1493,13 @@ impl Inner {
         let run = state.pods.get_mut(key).expect("inserted above");
 
         let alive = run.process.as_ref().is_some_and(EtcdProcess::is_running);
+        if let (Mode::Nodes(_), true) = (&self.mode, alive) {
+            let ready = probe(run).await;
+            return self
+                .report_status(key, pod, run, ip, alive, ready)
+                .await
+                .map(|()| ready);
+        }
         let ready = alive
             && match (&run.readiness_http, run.client_addr) {
                 (Some((addr, path)), _) => http_probe(*addr, path).await,
@@ -1368,24 +1510,46 @@ impl Inner {
                 ),
                 (None, None) => true,
             };
+        self.report_status(key, pod, run, ip, alive, ready).await?;
+        Ok(ready)
+    }
+
+    /// Writes the pod's status when it differs from what the API holds
+    /// (emulated) or from what this kubelet wrote last (node mode: a real
+    /// API server adds fields of its own, such as `qosClass`).
+    async fn report_status(
+        &self,
+        key: &PodKey,
+        pod: &Pod,
+        run: &mut PodRun,
+        ip: Ipv4Addr,
+        alive: bool,
+        ready: bool,
+    ) -> Result<()> {
         let status = pod_status(pod, run, ip, alive, ready)?;
-        if pod.status.as_ref() != Some(&status) {
-            let patched = Api::<Pod>::namespaced(self.client.clone(), &key.0)
-                .patch_status(
-                    &key.1,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "status": status })),
-                )
-                .await;
-            match patched {
-                // Deleted meanwhile: the next sync stops it.
-                Err(e) if is_status_code(&e, 404) => {}
-                other => {
-                    other?;
-                }
+        let unchanged = match self.mode {
+            Mode::Emulated => pod.status.as_ref() == Some(&status),
+            Mode::Nodes(_) => run.written.as_ref() == Some(&status),
+        };
+        if unchanged {
+            return Ok(());
+        }
+        let patched = Api::<Pod>::namespaced(self.client.clone(), &key.0)
+            .patch_status(
+                &key.1,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await;
+        match patched {
+            // Deleted meanwhile: the next sync stops it.
+            Err(e) if is_status_code(&e, 404) => Ok(()),
+            Err(e) => Err(e.into()),
+            Ok(_) => {
+                run.written = Some(status);
+                Ok(())
             }
         }
-        Ok(ready)
     }
 
     /// Resolves everything a container start needs, then spawns it.
@@ -1755,6 +1919,42 @@ impl Inner {
         Ok(env)
     }
 
+    /// The files of a `projected` volume: ConfigMap keys and downward-API
+    /// fields as the kubelet writes them; a ServiceAccount token is written
+    /// empty (nothing the runtime runs talks to the API server).
+    async fn projected_files(
+        &self,
+        pod: &Pod,
+        projected: &k8s_openapi::api::core::v1::ProjectedVolumeSource,
+    ) -> Result<BTreeMap<String, Vec<u8>>> {
+        let ns = pod.namespace().unwrap_or_default();
+        let mut files = BTreeMap::new();
+        for source in projected.sources.iter().flatten() {
+            if let Some(token) = &source.service_account_token {
+                files.insert(token.path.clone(), Vec::new());
+            }
+            if let Some(cm) = &source.config_map {
+                let data = self.config_map(&ns, &cm.name).await?.and_then(|c| c.data);
+                for item in cm.items.iter().flatten() {
+                    if let Some(v) = data.as_ref().and_then(|d| d.get(&item.key)) {
+                        files.insert(item.path.clone(), v.clone().into_bytes());
+                    }
+                }
+            }
+            for item in source
+                .downward_api
+                .iter()
+                .flat_map(|d| d.items.iter().flatten())
+            {
+                if let Some(field) = &item.field_ref {
+                    let value = field_value(pod, &field.field_path, Ipv4Addr::UNSPECIFIED);
+                    files.insert(item.path.clone(), value.unwrap_or_default().into_bytes());
+                }
+            }
+        }
+        Ok(files)
+    }
+
     async fn config_map(&self, ns: &str, name: &str) -> Result<Option<ConfigMap>, kube::Error> {
         Api::<ConfigMap>::namespaced(self.client.clone(), ns)
             .get_opt(name)
@@ -1819,12 +2019,23 @@ impl Inner {
                         ))
                     })?;
                 claims.push((ns.clone(), pvc.claim_name.clone()));
-                let dir = self.pvc_dir(&ns, &pvc.claim_name);
+                let dir = self
+                    .claim_dir(&ns, &claim)
+                    .await
+                    .map_err(|e| mount_error(format!("{e:#}")))?
+                    .ok_or_else(|| {
+                        mount_error(format!(
+                            "persistentvolumeclaim {:?} is not bound to a host-path volume",
+                            pvc.claim_name
+                        ))
+                    })?;
                 // A PVC recreated under the same name is a new volume (a new PV
                 // in a real cluster): the old one's data must not show through.
                 let uid = claim.metadata.uid.clone().unwrap_or_default();
                 let marker = dir.with_extension("uid");
-                if fs::read_to_string(&marker).ok().as_deref() != Some(uid.as_str()) {
+                if matches!(self.mode, Mode::Emulated)
+                    && fs::read_to_string(&marker).ok().as_deref() != Some(uid.as_str())
+                {
                     if dir.exists() {
                         fs::remove_dir_all(&dir).map_err(io)?;
                     }
@@ -1870,9 +2081,16 @@ impl Inner {
                 local
             } else if volume.empty_dir.is_some() {
                 local
+            } else if let Some(projected) = &volume.projected {
+                let data = self
+                    .projected_files(pod, projected)
+                    .await
+                    .map_err(|e| mount_error(format!("{e:#}")))?;
+                write_key_files(&local, &data, None, projected.default_mode).map_err(io)?;
+                local
             } else {
                 return Err(mount_error(format!(
-                    "volume {:?}: only persistentVolumeClaim, configMap, secret and emptyDir are supported",
+                    "volume {:?}: only persistentVolumeClaim, configMap, secret, emptyDir and projected are supported",
                     volume.name
                 )));
             };
@@ -2007,6 +2225,33 @@ fn initialized(pod: &Pod, run: &PodRun) -> bool {
         .and_then(|s| s.init_containers.as_ref())
         .map_or(0, Vec::len);
     run.init_done >= inits
+}
+
+/// Node mode: runs the container's due probes; a startup or liveness probe
+/// failed past its threshold kills the container (the next sync restarts it
+/// with backoff, as the kubelet does). True when ready.
+async fn probe(run: &mut PodRun) -> bool {
+    let Some(probes) = run.probes.as_mut() else {
+        return true;
+    };
+    let verdict = probes.tick().await;
+    if verdict.restart
+        && let Some(p) = run.process.as_ref()
+    {
+        p.terminate(TERMINATION_GRACE).await;
+    }
+    verdict.ready
+}
+
+/// How long a pod being deleted gets between SIGTERM and SIGKILL: what the
+/// delete asked for, else the pod's own grace period.
+fn deletion_grace(pod: &Pod) -> Duration {
+    let secs = pod
+        .metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref()?.termination_grace_period_seconds)
+        .unwrap_or(30);
+    Duration::from_secs(secs.max(0) as u64)
 }
 
 /// Deletes a pod, tolerating that it is already gone.

@@ -1,0 +1,162 @@
+//! Building blocks of the `real_*` suites: EtcdClusters applied with kubectl,
+//! the controller driven until converged, and etcd clients that reach the
+//! members the way a test can on this machine (their pod IPs, the cluster's
+//! own CA and the controller's client identity).
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use etcdfleet_api::EtcdCluster;
+use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig as EtcdClientConfig, TlsMaterial};
+use etcdfleet_controllers::etcdcluster::observe::read_pki;
+use etcdfleet_controllers::render::Names;
+use kube::api::Api;
+
+use super::KubeWorld;
+use crate::driver::{ConvergeLog, TestController, converge, fast_settings, no_hook};
+use crate::scenario::WORKLOAD_NS;
+
+/// Management namespace of the real suites.
+pub const NS: &str = "team-a";
+/// The stage label the shipped dev stage selects.
+pub const STAGE_LABEL: &str = "etcdfleet.dev/stage";
+
+/// An EtcdCluster manifest (fast raft timing, TLS on), as a user writes it.
+pub fn cluster_yaml(name: &str, workload: &str, replicas: i32, version: &str) -> String {
+    format!(
+        "apiVersion: etcdfleet.dev/v1alpha1
+kind: EtcdCluster
+metadata:
+  name: {name}
+  namespace: {NS}
+  labels:
+    {STAGE_LABEL}: dev
+spec:
+  clusterRef:
+    name: {workload}
+  version: {version}
+  replicas: {replicas}
+  etcd:
+    heartbeatIntervalMillis: 50
+    electionTimeoutMillis: 500
+"
+    )
+}
+
+/// Reconciles `names` (in [`NS`]) until converged; the kubelets run in the
+/// background, so nothing runs between rounds.
+pub async fn converge_real(ctl: &mut TestController, names: &[&str]) -> Result<ConvergeLog> {
+    let keys: Vec<(&str, &str)> = names.iter().map(|n| (NS, *n)).collect();
+    converge(
+        ctl,
+        &keys,
+        Duration::from_secs(240),
+        || async { Ok(()) },
+        no_hook,
+    )
+    .await
+}
+
+pub async fn get(world: &KubeWorld, name: &str) -> Result<EtcdCluster> {
+    let api: Api<EtcdCluster> = Api::namespaced(world.management.admin_client().await?, NS);
+    Ok(api.get(name).await?)
+}
+
+/// `kubectl wait --for=condition=Available etcdcluster/<name>`.
+pub fn wait_available(world: &KubeWorld, name: &str) -> Result<String> {
+    world.kubectl(&[
+        "wait",
+        "--for=condition=Available",
+        "--timeout=120s",
+        "-n",
+        NS,
+        &format!("etcdcluster/{name}"),
+    ])
+}
+
+/// Client URLs (pod IPs) of members `0..members` and the controller's
+/// client configuration for the cluster.
+pub async fn etcd_of(
+    world: &KubeWorld,
+    workload: &str,
+    name: &str,
+    members: u32,
+) -> Result<(Vec<String>, EtcdClientConfig)> {
+    let names = Names::new(name, WORKLOAD_NS);
+    let cluster = get(world, name).await?;
+    let pki = read_pki(&world.management.admin_client().await?, &cluster, &names)
+        .await?
+        .context("no PKI secret")?;
+    let runtime = &world.workload(workload).runtime;
+    let endpoints = (0..members)
+        .map(|o| {
+            let ip = runtime
+                .pod_ip(WORKLOAD_NS, &names.pod(o))
+                .with_context(|| format!("{} has no IP", names.pod(o)))?;
+            Ok(format!("https://{ip}:2379"))
+        })
+        .collect::<Result<_>>()?;
+    let config = EtcdClientConfig {
+        tls: Some(TlsMaterial {
+            ca_pem: pki.ca.cert_pem().to_string(),
+            client_cert_pem: Some(pki.client_cert_pem.clone()),
+            client_key_pem: Some(pki.client_key_pem.clone()),
+            server_name: Some(names.client_service_host()),
+        }),
+        deadlines: fast_settings().etcd_deadlines,
+        transport: None,
+    };
+    Ok((endpoints, config))
+}
+
+pub async fn put(
+    world: &KubeWorld,
+    workload: &str,
+    name: &str,
+    members: u32,
+    key: &str,
+) -> Result<()> {
+    let (endpoints, config) = etcd_of(world, workload, name, members).await?;
+    let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
+    tokio::time::timeout(Duration::from_secs(5), kv.put(key, "v", None)).await??;
+    Ok(())
+}
+
+/// Reads `key` from every member on its own (serializable reads).
+pub async fn read_everywhere(
+    world: &KubeWorld,
+    workload: &str,
+    name: &str,
+    members: u32,
+    key: &str,
+) -> Result<()> {
+    let (endpoints, config) = etcd_of(world, workload, name, members).await?;
+    for ep in endpoints {
+        let mut kv = ClusterClient::connect(std::slice::from_ref(&ep), &config)
+            .await?
+            .kv();
+        let get = kv.get(
+            key,
+            Some(etcd_client::GetOptions::new().with_serializable()),
+        );
+        let resp = tokio::time::timeout(Duration::from_secs(5), get).await??;
+        ensure!(resp.kvs().len() == 1, "{key} missing on {ep}");
+    }
+    Ok(())
+}
+
+/// A world with one workload cluster `w1`, the dev stage installed, the
+/// workload RBAC applied and the kubeconfig Secret in [`NS`]; `None` (after
+/// a loud SKIPPED line) without the Kubernetes binaries.
+pub async fn installed_world(workloads: &[&str]) -> Result<Option<KubeWorld>> {
+    let Some(binaries) = super::require_kubernetes() else {
+        return Ok(None);
+    };
+    let world = KubeWorld::start(binaries, workloads).await?;
+    world.install("config/stages/dev")?;
+    world.install_workload_rbac()?;
+    for w in workloads {
+        world.put_kubeconfig_secret(NS, w).await?;
+    }
+    Ok(Some(world))
+}

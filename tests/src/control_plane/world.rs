@@ -1,0 +1,313 @@
+//! A management cluster and workload clusters on real control planes, with a
+//! process kubelet per workload cluster: the world the `real_*` suites run in.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use super::{ControlPlane, Controllers, KubeBinaries, StorageEtcd, User, nodes};
+use crate::controller_process::repo;
+use crate::driver::{TestController, fast_settings};
+use crate::etcd_harness::newest_built_etcd;
+use crate::runtime::{BackgroundSync, ImageTable, WorkloadRuntime};
+use etcdfleet_controllers::connector::KubeconfigClientFactory;
+use etcdfleet_controllers::dialer::DialerKind;
+use etcdfleet_controllers::etcdcluster::ReconcilerSettings;
+
+/// The user the shipped workload RBAC (`config/workload-rbac`) binds, whose
+/// token the kubeconfig Secrets carry.
+pub const WORKLOAD_USER: &str = "etcdfleet-controller";
+/// The controller's ServiceAccount on the management cluster (`config/rbac`).
+pub const CONTROLLER_NAMESPACE: &str = "etcdfleet-system";
+pub const CONTROLLER_SERVICE_ACCOUNT: &str = "etcdfleet-controller";
+/// Nodes per workload cluster: the controller's preferred anti-affinity
+/// spreads three members over three Nodes.
+pub const NODES_PER_CLUSTER: usize = 3;
+/// How often each process kubelet syncs.
+const KUBELET_SYNC: Duration = Duration::from_millis(250);
+
+/// Reconciler settings of the real tier: the test's short deadlines and
+/// failure grace, with the production read memo (`reread_after` at its
+/// default), because that is what users run.
+pub fn real_settings() -> ReconcilerSettings {
+    ReconcilerSettings {
+        reread_after: ReconcilerSettings::default().reread_after,
+        ..fast_settings()
+    }
+}
+
+/// One workload cluster: its control plane and its process kubelet.
+pub struct WorkloadPlane {
+    pub plane: ControlPlane,
+    pub runtime: Arc<WorkloadRuntime>,
+    pub nodes: Vec<String>,
+    _kubelet_api: KubeletApi,
+    _sync: BackgroundSync,
+}
+
+/// A management plane and named workload planes on one storage etcd.
+pub struct KubeWorld {
+    pub binaries: KubeBinaries,
+    /// `Kubernetes v1.37.2`.
+    pub version: String,
+    pub management: ControlPlane,
+    workloads: BTreeMap<String, WorkloadPlane>,
+    _storage: StorageEtcd,
+}
+
+impl KubeWorld {
+    /// Starts the planes (concurrently) and the kubelets, and prints the
+    /// Kubernetes version so every suite log names it.
+    pub async fn start(binaries: KubeBinaries, workload_names: &[&str]) -> Result<KubeWorld> {
+        let version = binaries.version()?;
+        eprintln!("real control planes: {version}");
+        let storage = StorageEtcd::start(&newest_built_etcd()?.etcd).await?;
+        let workload_user = [User {
+            name: WORKLOAD_USER.into(),
+            groups: vec![],
+        }];
+        let management = ControlPlane::start(
+            &binaries,
+            &storage,
+            "management",
+            Controllers::Management,
+            &[],
+        );
+        let workloads = futures::future::try_join_all(workload_names.iter().map(|name| {
+            ControlPlane::start(
+                &binaries,
+                &storage,
+                name,
+                Controllers::Workload,
+                &workload_user,
+            )
+        }));
+        let (management, planes) = futures::try_join!(management, workloads)?;
+        let kubelet_version = version.trim_start_matches("Kubernetes ").to_string();
+        let mut workloads = BTreeMap::new();
+        for (name, plane) in workload_names.iter().zip(planes) {
+            let workload = WorkloadPlane::start(name, plane, &kubelet_version).await?;
+            workloads.insert(name.to_string(), workload);
+        }
+        Ok(KubeWorld {
+            binaries,
+            version,
+            management,
+            workloads,
+            _storage: storage,
+        })
+    }
+
+    pub fn workload(&self, name: &str) -> &WorkloadPlane {
+        self.workloads
+            .get(name)
+            .unwrap_or_else(|| panic!("no workload cluster {name:?} in this world"))
+    }
+
+    pub fn workload_names(&self) -> Vec<String> {
+        self.workloads.keys().cloned().collect()
+    }
+
+    /// `kubectl <args>` as the management admin, run from the repository
+    /// root; fails with its output unless it exits 0. Returns stdout.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        run_kubectl(self.management.kubectl(&self.binaries), args)
+    }
+
+    /// `kubectl <args>` as the admin of workload cluster `name`.
+    pub fn kubectl_workload(&self, name: &str, args: &[&str]) -> Result<String> {
+        run_kubectl(self.workload(name).plane.kubectl(&self.binaries), args)
+    }
+
+    /// Installs what a platform team applies to a management cluster: the
+    /// CRDs first (and waits until they are established), then the overlay
+    /// `overlay` (a directory under `config/`), both with `kubectl apply
+    /// --server-side -k`.
+    pub fn install(&self, overlay: &str) -> Result<()> {
+        self.kubectl(&["apply", "--server-side", "-k", "config/crd"])?;
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "--all",
+        ])?;
+        self.kubectl(&["apply", "--server-side", "-k", overlay])?;
+        Ok(())
+    }
+
+    /// Applies `config/workload-rbac` to every workload cluster.
+    pub fn install_workload_rbac(&self) -> Result<()> {
+        for name in self.workloads.keys() {
+            self.kubectl_workload(
+                name,
+                &["apply", "--server-side", "-k", "config/workload-rbac"],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A token of the controller's ServiceAccount (`TokenRequest`, as a pod
+    /// would mount it), once the shipped RBAC created it.
+    pub async fn controller_token(&self) -> Result<String> {
+        let api: Api<ServiceAccount> =
+            Api::namespaced(self.management.admin_client().await?, CONTROLLER_NAMESPACE);
+        let request: TokenRequest = serde_json::from_value(json!({
+            "spec": { "audiences": [], "expirationSeconds": 86400 }
+        }))?;
+        let token = api
+            .create_token_request(CONTROLLER_SERVICE_ACCOUNT, &PostParams::default(), &request)
+            .await
+            .context("TokenRequest for the controller's ServiceAccount")?;
+        token
+            .status
+            .map(|s| s.token)
+            .context("TokenRequest answered without a token")
+    }
+
+    /// A management client as the controller's ServiceAccount.
+    pub async fn controller_client(&self) -> Result<Client> {
+        let token = self.controller_token().await?;
+        super::client_from_kubeconfig(&self.management.kubeconfig_with_token(&token)).await
+    }
+
+    /// An in-process controller as production builds it: the controller's
+    /// ServiceAccount under the shipped RBAC, workload clients from the
+    /// kubeconfig Secrets, etcd reached through `pods/portforward` of each
+    /// workload API server, [`real_settings`].
+    pub async fn controller(&self) -> Result<TestController> {
+        Ok(TestController::new(
+            self.controller_client().await?,
+            Arc::new(KubeconfigClientFactory::default()),
+            DialerKind::PortForward.build(),
+            real_settings(),
+        ))
+    }
+
+    /// `kubectl apply --server-side -f -` of `yaml` on the management cluster.
+    pub fn apply(&self, yaml: &str) -> Result<String> {
+        run_kubectl_with_input(
+            self.management.kubectl(&self.binaries),
+            &["apply", "--server-side", "-f", "-"],
+            yaml,
+        )
+    }
+
+    /// Creates namespace `ns` on the management cluster (if missing) and the
+    /// kubeconfig Secret `<workload>-kubeconfig` (key `value`) there, holding
+    /// a kubeconfig of the workload user for workload cluster `workload`.
+    pub async fn put_kubeconfig_secret(&self, ns: &str, workload: &str) -> Result<()> {
+        let client = self.management.admin_client().await?;
+        create_namespace(&client, ns).await?;
+        let kubeconfig = self.workload(workload).plane.kubeconfig_for(WORKLOAD_USER);
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": { "name": format!("{workload}-kubeconfig"), "namespace": ns },
+            "stringData": { "value": kubeconfig },
+        }))?;
+        Api::<Secret>::namespaced(client, ns)
+            .create(&PostParams::default(), &secret)
+            .await?;
+        Ok(())
+    }
+}
+
+impl WorkloadPlane {
+    async fn start(
+        name: &str,
+        plane: ControlPlane,
+        kubelet_version: &str,
+    ) -> Result<WorkloadPlane> {
+        let admin = plane.admin_client().await?;
+        let nodes: Vec<String> = (0..NODES_PER_CLUSTER)
+            .map(|i| format!("{name}-node-{i}"))
+            .collect();
+        let runtime = Arc::new(WorkloadRuntime::for_nodes(
+            plane.url(),
+            admin.clone(),
+            ImageTable::installed(),
+            &nodes,
+        )?);
+        let kubelet_api = KubeletApi::start(&runtime)?;
+        nodes::register(&admin, &nodes, kubelet_api.port, kubelet_version).await?;
+        let sync = runtime.spawn_background(KUBELET_SYNC);
+        Ok(WorkloadPlane {
+            plane,
+            runtime,
+            nodes,
+            _kubelet_api: kubelet_api,
+            _sync: sync,
+        })
+    }
+
+    /// An admin client of this workload cluster.
+    pub async fn admin_client(&self) -> Result<Client> {
+        self.plane.admin_client().await
+    }
+}
+
+/// The kubelet API (port-forward) of one workload cluster's Nodes.
+struct KubeletApi {
+    port: u16,
+    _listener: std::net::TcpListener,
+}
+
+impl KubeletApi {
+    fn start(_runtime: &Arc<WorkloadRuntime>) -> Result<KubeletApi> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        Ok(KubeletApi {
+            port: listener.local_addr()?.port(),
+            _listener: listener,
+        })
+    }
+}
+
+async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
+    let namespace: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } }))?;
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        other => other.map(|_| ()).map_err(Into::into),
+    }
+}
+
+fn run_kubectl(cmd: Command, args: &[&str]) -> Result<String> {
+    run_kubectl_with_input(cmd, args, "")
+}
+
+fn run_kubectl_with_input(mut cmd: Command, args: &[&str], input: &str) -> Result<String> {
+    use std::io::Write as _;
+    let mut child = cmd
+        .args(args)
+        .current_dir(repo())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running kubectl {}", args.join(" ")))?;
+    child
+        .stdin
+        .take()
+        .context("kubectl stdin")?
+        .write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "kubectl {} failed ({}):\n{stdout}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
