@@ -7,6 +7,7 @@ pub mod etcd_standin;
 pub mod fleet;
 pub mod otlp;
 pub mod portforward;
+pub mod portforward_ws;
 pub mod runtime;
 pub mod s3;
 pub mod scenario;
