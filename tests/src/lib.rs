@@ -11,5 +11,6 @@ pub mod portforward_ws;
 pub mod runtime;
 pub mod s3;
 pub mod scenario;
+pub mod spdy;
 pub mod ssa;
 pub mod stage;
