@@ -5,6 +5,7 @@ pub mod driver;
 pub mod etcd_harness;
 pub mod etcd_standin;
 pub mod fleet;
+pub mod kubelet_server;
 pub mod otlp;
 pub mod portforward;
 pub mod portforward_ws;

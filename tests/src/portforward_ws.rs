@@ -1,8 +1,9 @@
 //! Port-forward over a WebSocket with the `v4.channel.k8s.io` framing, as
-//! the test world serves it: the test API server's `pods/portforward`
-//! ([`crate::portforward`]) and, next, a kubelet's
-//! `/portForward/{namespace}/{pod}`. This module owns the handshake checks,
-//! the 101 answer and the bridge from channels to connections into the pod.
+//! the test world serves it in two places: the test API server's
+//! `pods/portforward` ([`crate::portforward`]) and the kubelet's
+//! `/portForward/{namespace}/{pod}` ([`crate::kubelet_server`]). This module
+//! owns the handshake checks, the 101 answer and the bridge from channels
+//! to connections into the pod.
 //!
 //! The protocol, per forwarded port `i` (in the order of the ports in the
 //! query): channel `2i` carries data both ways, channel `2i+1` carries an

@@ -1,11 +1,10 @@
 //! SPDY/3.1, as much of it as Kubernetes' streaming protocols use: the
 //! `portforward.k8s.io` protocol a kubelet speaks after an
-//! `Upgrade: SPDY/3.1` request.
+//! `Upgrade: SPDY/3.1` request (see [`crate::kubelet_server`]).
 //!
 //! This module owns the frame codec ([`FrameReader`], [`FrameWriter`]) and a
-//! session over one connection ([`Connection`], [`Stream`]): the test
-//! kubelet's port-forward (next) runs it as the server; tests run it as the
-//! client.
+//! session over one connection ([`Connection`], [`Stream`]): the kubelet
+//! server runs it as the server; tests run it as the client.
 //!
 //! What the Go peers (client-go and the kubelet, both on the same SPDY
 //! library) do, and this module therefore does too:
