@@ -1,34 +1,22 @@
 //! `pods/portforward` as the test world's API servers serve it: the
-//! websocket protocol kube's client speaks (`v4.channel.k8s.io`), bridged to
-//! the pod's address in the workload runtime.
-//!
-//! The protocol, per forwarded port `i` (in the order of the `ports` query
-//! parameter): channel `2i` carries data both ways, channel `2i+1` carries
-//! an error message from the server. Each channel's first server frame is
-//! the port number, little-endian (the client checks it). Every websocket
-//! binary message starts with its channel byte.
-//!
-//! One TCP connection to the pod is opened per port per request, as the
-//! kubelet does; if it cannot be opened the error channel says so and the
-//! stream closes.
+//! websocket protocol kube's client speaks (`v4.channel.k8s.io`, framed by
+//! [`crate::portforward_ws`]), bridged to the pod's address in the workload
+//! runtime. One TCP connection to the pod is opened per port per request,
+//! as the kubelet does; the tunnel closes when the first of them does.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use futures::{SinkExt, StreamExt};
 use http::{Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio::sync::watch;
+
+use crate::portforward_ws::{Closing, Handshake, Target, ports_from_query, spawn_tunnel};
 
 /// What the test API server calls for `.../pods/<pod>/portforward`
 /// (arguments: the request, the namespace, the pod).
@@ -41,9 +29,7 @@ pub type UpgradeHandler = Arc<
 /// Where a pod listens: `(namespace, pod)` → its IP, if it has one.
 pub type PodAddresses = Arc<dyn Fn(&str, &str) -> Option<Ipv4Addr> + Send + Sync>;
 
-/// The subprotocol answered (kube's client offers v5 and v4; v4 is what
-/// API servers answer for port-forward).
-pub const PROTOCOL: &str = "v4.channel.k8s.io";
+pub use crate::portforward_ws::PROTOCOL;
 
 /// Serves port-forward to the pods `addresses` knows; counts tunnels and can
 /// break every open one (to test that the controller recovers).
@@ -100,22 +86,9 @@ impl PortForwardServer {
             Ok(p) => p,
             Err(message) => return status(StatusCode::BAD_REQUEST, &message),
         };
-        let upgrade = req
-            .headers()
-            .get(header::UPGRADE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-        let key = req.headers().get(header::SEC_WEBSOCKET_KEY).cloned();
-        let offers_v4 = req
-            .headers()
-            .get(header::SEC_WEBSOCKET_PROTOCOL)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.split(',').any(|p| p.trim() == PROTOCOL));
-        let (Some(key), true, true) = (key, upgrade, offers_v4) else {
-            return status(
-                StatusCode::BAD_REQUEST,
-                &format!("port-forward needs a websocket upgrade offering {PROTOCOL}"),
-            );
+        let handshake = match Handshake::check(req.headers()) {
+            Ok(handshake) => handshake,
+            Err(message) => return status(StatusCode::BAD_REQUEST, &message),
         };
         let Some(ip) = (self.addresses)(&ns, &pod) else {
             return status(
@@ -124,37 +97,14 @@ impl PortForwardServer {
             );
         };
         self.opened.fetch_add(1, Ordering::SeqCst);
-        let broken = self.breaker.subscribe();
-        tokio::spawn(async move {
-            match hyper::upgrade::on(req).await {
-                Ok(upgraded) => {
-                    let ws = WebSocketStream::from_raw_socket(
-                        TokioIo::new(upgraded),
-                        Role::Server,
-                        None,
-                    )
-                    .await;
-                    if let Err(e) = bridge(ws, ip, &ports, broken).await {
-                        tracing::debug!(error = %e, %ns, %pod, "port-forward ended");
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "port-forward upgrade failed"),
-            }
-        });
-        let accept = derive_accept_key(key.as_bytes());
-        let mut response = Response::new(Full::new(Bytes::new()));
-        *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        let headers = response.headers_mut();
-        headers.insert(header::CONNECTION, "Upgrade".parse().expect("static"));
-        headers.insert(header::UPGRADE, "websocket".parse().expect("static"));
-        headers.insert(
-            header::SEC_WEBSOCKET_PROTOCOL,
-            PROTOCOL.parse().expect("static"),
-        );
-        if let Ok(accept) = accept.parse() {
-            headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
-        }
-        response
+        let target = Target {
+            pod: format!("{ns}/{pod}"),
+            ip: IpAddr::V4(ip),
+            ports,
+            closing: Closing::FirstPodConnection,
+        };
+        spawn_tunnel(req, target, self.breaker.subscribe());
+        handshake.switching_protocols()
     }
 }
 
@@ -178,116 +128,7 @@ fn status(code: StatusCode, message: &str) -> Response<Full<Bytes>> {
 /// The `ports` query parameter (`ports=2379` or `ports=80%2C1234`, possibly
 /// repeated).
 pub fn ports_of(uri: &http::Uri) -> Result<Vec<u16>, String> {
-    let mut ports = Vec::new();
-    for pair in uri.query().unwrap_or_default().split('&') {
-        if let Some(value) = pair.strip_prefix("ports=") {
-            for p in value.replace("%2C", ",").replace("%2c", ",").split(',') {
-                ports.push(
-                    p.parse::<u16>()
-                        .map_err(|_| format!("invalid port {p:?} in ports parameter"))?,
-                );
-            }
-        }
-    }
-    if ports.is_empty() {
-        return Err("at least one port must be given in the ports parameter".into());
-    }
-    Ok(ports)
-}
-
-type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
-
-/// Runs the tunnel: one TCP connection per port, bytes both ways, until the
-/// client closes, the pod closes, or the tunnel is broken on purpose.
-async fn bridge(
-    ws: Ws,
-    ip: Ipv4Addr,
-    ports: &[u16],
-    mut broken: watch::Receiver<u64>,
-) -> anyhow::Result<()> {
-    let (mut sink, mut stream) = ws.split();
-    // Announce each port on its data and error channel, as the client expects.
-    for (i, port) in ports.iter().enumerate() {
-        let [lo, hi] = port.to_le_bytes();
-        let ch = (2 * i) as u8;
-        sink.send(Message::binary(vec![ch, lo, hi])).await?;
-        sink.send(Message::binary(vec![ch + 1, lo, hi])).await?;
-    }
-    let (to_client, mut outgoing) = mpsc::channel::<Message>(16);
-    let mut writers = Vec::with_capacity(ports.len());
-    for (i, port) in ports.iter().enumerate() {
-        let ch = (2 * i) as u8;
-        match tokio::net::TcpStream::connect((ip, *port)).await {
-            Ok(tcp) => {
-                // The kubelet's streaming server is Go's: no Nagle delay.
-                let _ = tcp.set_nodelay(true);
-                let (mut read, write) = tcp.into_split();
-                writers.push(Some(write));
-                let to_client = to_client.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 32 * 1024];
-                    loop {
-                        match read.read(&mut buf[1..]).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                buf[0] = ch;
-                                let frame = Message::binary(buf[..=n].to_vec());
-                                if to_client.send(frame).await.is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    // The pod closed: so does the tunnel (v4 cannot half-close).
-                    let _ = to_client.send(Message::Close(None)).await;
-                });
-            }
-            Err(e) => {
-                writers.push(None);
-                let mut frame = vec![ch + 1];
-                frame.extend_from_slice(
-                    format!("error forwarding port {port} to pod at {ip}: {e}").as_bytes(),
-                );
-                to_client.send(Message::binary(frame)).await?;
-            }
-        }
-    }
-    drop(to_client);
-    loop {
-        tokio::select! {
-            _ = broken.changed() => {
-                // Cut without a close frame, like a lost connection.
-                return Ok(());
-            }
-            out = outgoing.recv() => match out {
-                Some(message) => {
-                    let close = message.is_close();
-                    sink.send(message).await?;
-                    if close {
-                        return Ok(());
-                    }
-                }
-                None => {
-                    // No port could be opened; the errors were sent.
-                    sink.send(Message::Close(None)).await?;
-                    return Ok(());
-                }
-            },
-            incoming = stream.next() => match incoming {
-                Some(Ok(Message::Binary(data))) if !data.is_empty() => {
-                    let ch = data[0] as usize;
-                    if ch.is_multiple_of(2)
-                        && let Some(Some(writer)) = writers.get_mut(ch / 2)
-                        && writer.write_all(&data[1..]).await.is_err()
-                    {
-                        writers[ch / 2] = None;
-                    }
-                }
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Ok(()),
-                Some(Ok(_)) => {}
-            },
-        }
-    }
+    ports_from_query(uri, "ports")
 }
 
 /// A plain-HTTP server answering only `pods/<pod>/portforward` with
