@@ -14,7 +14,6 @@ use etcdfleet_tests::control_plane::scenario::{
     NS, cluster_yaml, converge_real, get, installed_world, put, read_everywhere, wait_available,
 };
 use etcdfleet_tests::scenario::WORKLOAD_NS;
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -78,9 +77,15 @@ async fn real_lifecycle_create_and_scale_1_3_5_3_through_the_scale_subresource()
     converge_real(&mut ctl, &["shop"]).await?;
     wait_available(&world, "shop")?;
     put(&world, "w1", "shop", 5, "at-five").await?;
-    let sts: Api<StatefulSet> = Api::namespaced(workload.clone(), WORKLOAD_NS);
-    let status = sts.get("shop-etcd").await?.status.context("sts status")?;
-    assert_eq!(status.ready_replicas, Some(5), "{status:?}");
+    // The real StatefulSet controller counts the five pods Ready (the
+    // kubelet's readiness probe may pass a moment after etcd converged).
+    world.kubectl_workload(
+        "w1",
+        &[
+            "wait", "-n", WORKLOAD_NS, "--timeout=60s", "--for=jsonpath={.status.readyReplicas}=5",
+            "statefulset/shop-etcd",
+        ],
+    )?;
 
     world.kubectl(&["scale", "-n", NS, "etcdcluster/shop", "--replicas=3"])?;
     let log = converge_real(&mut ctl, &["shop"]).await?;

@@ -17,6 +17,7 @@ use super::{ControlPlane, Controllers, KubeBinaries, StorageEtcd, User, nodes};
 use crate::controller_process::repo;
 use crate::driver::{TestController, fast_settings};
 use crate::etcd_harness::newest_built_etcd;
+use crate::kubelet_server::{KubeletServer, runtime_pods};
 use crate::runtime::{BackgroundSync, ImageTable, WorkloadRuntime};
 use etcdfleet_controllers::connector::KubeconfigClientFactory;
 use etcdfleet_controllers::dialer::DialerKind;
@@ -49,7 +50,7 @@ pub struct WorkloadPlane {
     pub plane: ControlPlane,
     pub runtime: Arc<WorkloadRuntime>,
     pub nodes: Vec<String>,
-    _kubelet_api: KubeletApi,
+    pub kubelet_api: KubeletServer,
     _sync: BackgroundSync,
 }
 
@@ -235,14 +236,17 @@ impl WorkloadPlane {
             ImageTable::installed(),
             &nodes,
         )?);
-        let kubelet_api = KubeletApi::start(&runtime)?;
-        nodes::register(&admin, &nodes, kubelet_api.port, kubelet_version).await?;
+        let kubelet_api = KubeletServer::start(
+            "127.0.0.1:0".parse()?,
+            runtime_pods(Arc::downgrade(&runtime)),
+        )?;
+        nodes::register(&admin, &nodes, kubelet_api.port(), kubelet_version).await?;
         let sync = runtime.spawn_background(KUBELET_SYNC);
         Ok(WorkloadPlane {
             plane,
             runtime,
             nodes,
-            _kubelet_api: kubelet_api,
+            kubelet_api,
             _sync: sync,
         })
     }
@@ -250,22 +254,6 @@ impl WorkloadPlane {
     /// An admin client of this workload cluster.
     pub async fn admin_client(&self) -> Result<Client> {
         self.plane.admin_client().await
-    }
-}
-
-/// The kubelet API (port-forward) of one workload cluster's Nodes.
-struct KubeletApi {
-    port: u16,
-    _listener: std::net::TcpListener,
-}
-
-impl KubeletApi {
-    fn start(_runtime: &Arc<WorkloadRuntime>) -> Result<KubeletApi> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        Ok(KubeletApi {
-            port: listener.local_addr()?.port(),
-            _listener: listener,
-        })
     }
 }
 
