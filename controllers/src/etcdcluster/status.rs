@@ -93,7 +93,8 @@ impl Report {
                 RESTORE_FAILED,
                 false,
                 "SnapshotVerified",
-                "the snapshot exists with the recorded size and SHA-256",
+                "the snapshot exists with the recorded size and SHA-256, and was written by an \
+                 etcd minor that spec.version may run on",
             ),
             super::plan::RestoreGate::NotNeeded => {}
         }
