@@ -976,3 +976,87 @@ async fn a_controller_unreachable_from_every_member_of_a_ready_cluster_never_rep
     read_everywhere(&fleet, "a", "etcd-a", 3, "before-the-cut").await?;
     Ok(())
 }
+
+/// Name → (UID, restart count) of every member pod of workload `a`.
+async fn member_pods(fleet: &Fleet) -> Result<std::collections::BTreeMap<String, (String, i32)>> {
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    Ok(pods
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map_or(0, |c| c.restart_count);
+            (p.name_any(), (p.uid().unwrap_or_default(), restarts))
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recreated_etcdcluster_converges_without_a_restart_of_any_member() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, mut ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd-a", 3, "before-the-move").await?;
+    let before = member_pods(&fleet).await?;
+    assert_eq!(before.len(), 3, "{before:?}");
+
+    // A management-plane operation: the EtcdCluster goes without its
+    // finalizer running (its PKI Secret with it, by garbage collection),
+    // then the same manifest and the same PKI are applied again, as a
+    // management-cluster restore does. The new object has a new UID.
+    let secrets: Api<Secret> = Api::namespaced(fleet.management_direct(), NS);
+    let pki = secrets.get("etcd-a-etcd-pki").await?;
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    let old_uid = api.get("etcd-a").await?.uid();
+    api.patch(
+        "etcd-a",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "metadata": { "finalizers": [] } })),
+    )
+    .await?;
+    api.delete("etcd-a", &DeleteParams::default()).await?;
+    assert!(api.get_opt("etcd-a").await?.is_none(), "etcd-a still there");
+    if secrets.get_opt("etcd-a-etcd-pki").await?.is_none() {
+        let mut restored = Secret {
+            data: pki.data.clone(),
+            type_: pki.type_.clone(),
+            ..Default::default()
+        };
+        restored.metadata.name = Some("etcd-a-etcd-pki".into());
+        restored.metadata.namespace = Some(NS.into());
+        restored.metadata.labels = pki.metadata.labels.clone();
+        secrets.create(&PostParams::default(), &restored).await?;
+    }
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    assert_ne!(api.get("etcd-a").await?.uid(), old_uid, "a new object");
+
+    fleet.clear_ops();
+    let log = converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let steps = log.steps_of(&format!("{NS}/etcd-a"));
+    assert!(
+        !steps
+            .iter()
+            .any(|s| s.is_destructive() || matches!(s, Step::WriteObjects(k) if k.contains(&etcdcluster::plan::ObjectKind::StatefulSet))),
+        "the re-created cluster rolled or rewrote its members: {steps:?}"
+    );
+    let statefulset_writes: Vec<ApiOp> = workload_writes(&fleet)
+        .into_iter()
+        .filter(|o| o.resource == "statefulsets" || o.resource == "pods")
+        .collect();
+    assert!(statefulset_writes.is_empty(), "{statefulset_writes:#?}");
+    assert_eq!(member_pods(&fleet).await?, before, "a member was restarted");
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    assert!(
+        conditions::is_true(&status.conditions, AVAILABLE),
+        "{status:?}"
+    );
+    read_everywhere(&fleet, "a", "etcd-a", 3, "before-the-move").await?;
+    Ok(())
+}
