@@ -9,7 +9,10 @@
 //! (`etcdfleet_api::version::decide`) and the planner
 //! (`etcdcluster::plan::plan_next_step`) on an `Observation` rebuilt from
 //! `status.members`. What the status cannot say (whether the workload objects
-//! exist and match) is assumed to be in order.
+//! exist and match) is assumed to be in order. Its `Available` condition says
+//! when the last reconcile reached too few members to see a quorum (cut off
+//! from Ready pods, or quorum lost): then the members list is as last seen,
+//! and the plan is made as the controller made it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};

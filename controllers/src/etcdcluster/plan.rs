@@ -19,6 +19,9 @@
 //! Before all of these, refusals: a workload object that belongs to another
 //! owner, lost PKI, a storage change the StatefulSet cannot take, or a version
 //! the members' own reported version forbids. A refusal takes no step at all.
+//! And without a quorum in sight ([`quorum_view`]) nothing is done either:
+//! said as quorum loss when the members' own health says so, as the
+//! controller being cut off when their pods pass etcd's health check.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -511,21 +514,24 @@ pub fn quorum_view(obs: &Observation) -> QuorumView {
         }
     };
     let quorum = crate::etcd::quorum(voters as usize) as u32;
-    match () {
-        _ if voters == 0 => QuorumView::NotStarted,
-        _ if answering >= quorum => QuorumView::Healthy {
+    if voters == 0 {
+        QuorumView::NotStarted
+    } else if answering >= quorum {
+        QuorumView::Healthy {
             healthy: answering,
             voters,
-        },
-        _ if answering + silent_ready >= quorum => QuorumView::Unreachable(CutOff {
+        }
+    } else if answering + silent_ready >= quorum {
+        QuorumView::Unreachable(CutOff {
             answering,
             ready_in_pods: silent_ready,
             voters,
-        }),
-        _ => QuorumView::Lost {
+        })
+    } else {
+        QuorumView::Lost {
             healthy: answering,
             voters,
-        },
+        }
     }
 }
 

@@ -89,8 +89,11 @@ impl SnapshotScanner {
             if self.page_size == 0 {
                 self.learn_page_size();
             } else {
+                // The buffer is reused for the next page: no allocation per page.
                 let page = std::mem::take(&mut self.page);
                 self.page_done(&page);
+                self.page = page;
+                self.page.clear();
             }
         }
     }
