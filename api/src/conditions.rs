@@ -15,6 +15,18 @@ pub const VERSION_ACCEPTED: &str = "VersionAccepted";
 /// (workload cluster, namespace, TLS), lost PKI, an untakeable storage change.
 pub const CONFLICT: &str = "Conflict";
 
+/// `Available` reason: a quorum of voting members is healthy.
+pub const QUORUM_HEALTHY: &str = "QuorumHealthy";
+/// `Available=False` reason: the members' own health (their answers to the
+/// controller and etcd's health check in their pods) says fewer than a
+/// quorum are healthy.
+pub const QUORUM_LOST: &str = "QuorumLost";
+/// `Available=Unknown` (and `Degraded=Unknown`) reason: the controller
+/// cannot reach enough members to see a quorum, but their pods pass etcd's
+/// own health check: a network problem between the controller and the
+/// workload cluster, not an etcd outage.
+pub const MEMBERS_UNREACHABLE_FROM_CONTROLLER: &str = "MembersUnreachableFromController";
+
 /// Sets `new` in `conditions`: replaces the condition of the same type, keeping
 /// its `lastTransitionTime` when the status did not change. Returns whether
 /// anything observable (status, reason, message, generation) changed.
@@ -54,6 +66,20 @@ pub fn condition(
         message: message.into(),
         observed_generation: generation,
         last_transition_time: now,
+    }
+}
+
+/// Builds a condition whose status is `Unknown`: the controller cannot tell.
+pub fn unknown_condition(
+    type_: &str,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: Time,
+) -> Condition {
+    Condition {
+        status: "Unknown".to_string(),
+        ..condition(type_, false, reason, message, generation, now)
     }
 }
 

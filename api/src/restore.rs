@@ -79,6 +79,14 @@ pub mod reason {
     pub const CHECKSUM_MISMATCH: &str = "ChecksumMismatch";
     /// The destination cannot be opened or read (credentials, network).
     pub const OBJECT_STORE_ERROR: &str = "ObjectStoreError";
+    /// The snapshot was written by a newer etcd minor than `spec.version`:
+    /// restoring it would downgrade the data.
+    pub const SNAPSHOT_VERSION_TOO_NEW: &str = "SnapshotVersionTooNew";
+    /// The snapshot was written by an etcd minor more than one below
+    /// `spec.version`: restoring it would skip a minor.
+    pub const SNAPSHOT_VERSION_TOO_OLD: &str = "SnapshotVersionTooOld";
+    /// Nothing tells which etcd wrote the snapshot.
+    pub const SNAPSHOT_VERSION_UNKNOWN: &str = "SnapshotVersionUnknown";
 }
 
 /// A snapshot a restore will use, once resolved: where, which key, and what
@@ -90,6 +98,9 @@ pub struct ResolvedRestore {
     pub sha256: String,
     /// `None`: only the checksum is checked (an object named directly without a size).
     pub size_bytes: Option<u64>,
+    /// The etcd version of the member the snapshot was taken from, as its
+    /// `EtcdBackup` recorded it (`None` for an object named directly).
+    pub etcd_version: Option<String>,
 }
 
 /// The snapshot a cluster was bootstrapped from, recorded in
@@ -127,6 +138,7 @@ impl RestoreRecord {
             object_key: self.object_key.clone(),
             sha256: self.sha256.clone(),
             size_bytes: self.size_bytes.and_then(|s| u64::try_from(s).ok()),
+            etcd_version: None,
         }
     }
 }
@@ -162,6 +174,7 @@ pub fn resolve_source(
             });
         }
         let s = status.cloned().unwrap_or_default();
+        let etcd_version = s.etcd_version.filter(|v| !v.is_empty());
         let (Some(destination), Some(object_key), Some(sha256), Some(size)) =
             (s.destination, s.object_key, s.sha256, s.size_bytes)
         else {
@@ -182,6 +195,7 @@ pub fn resolve_source(
             object_key,
             sha256,
             size_bytes: Some(size_bytes),
+            etcd_version,
         });
     }
     // The CRD's rules require these three together; an object written
@@ -192,6 +206,7 @@ pub fn resolve_source(
             object_key: object_key.clone(),
             sha256: sha256.clone(),
             size_bytes: source.size_bytes.and_then(|s| u64::try_from(s).ok()),
+            etcd_version: None,
         }),
         _ => Err(Refusal {
             reason: reason::BACKUP_INCOMPLETE,
@@ -247,6 +262,108 @@ pub fn judge_object(expected: &ResolvedRestore, seen: &ObjectCheck) -> Result<()
             }
             Ok(())
         }
+    }
+}
+
+/// What a snapshot itself says about the etcd that wrote it: the cluster
+/// version etcd keeps in its database (`MAJOR.MINOR.0`, the minor every
+/// member agreed on), read while the snapshot is verified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotVersion {
+    /// The cluster version recorded in it, e.g. `3.5.0`.
+    Recorded(String),
+    /// etcd's database, but no cluster version in it (a cluster that never
+    /// agreed on one).
+    NotRecorded,
+    /// Not readable as etcd's database (the reason).
+    Unreadable(String),
+}
+
+/// Judges whether the snapshot may seed a cluster of etcd `requested`, by
+/// the rule the version policy applies to data a cluster ran on: etcd runs
+/// a data directory on the minor that wrote it or the next one up, never on
+/// an older minor (no downgrade) and never two minors up (no skipped minor).
+/// What wrote the snapshot is known from its `EtcdBackup` (the member's
+/// version) and from the snapshot itself (the cluster version); the newest
+/// of them must not be newer than `requested`, the oldest not more than one
+/// minor older. A snapshot whose version nothing tells is refused. A
+/// `requested` that is no full version is left to the version policy.
+pub fn judge_version(
+    expected: &ResolvedRestore,
+    seen: &SnapshotVersion,
+    requested: &str,
+) -> Result<(), Refusal> {
+    let Some(want) = crate::version::parse_full_version(requested) else {
+        return Ok(());
+    };
+    let want = (want.major, want.minor);
+    let key = &expected.object_key;
+    let mut known: Vec<((u64, u64), String)> = Vec::new();
+    if let Some(v) = &expected.etcd_version
+        && let Some(minor) = minor_of(v)
+    {
+        known.push((minor, format!("its EtcdBackup records etcd {v}")));
+    }
+    if let SnapshotVersion::Recorded(v) = seen
+        && let Some(minor) = minor_of(v)
+    {
+        known.push((minor, format!("the snapshot records cluster version {v}")));
+    }
+    let (Some(newest), Some(oldest)) = (known.iter().max(), known.iter().min()) else {
+        return Err(version_unknown(key, seen));
+    };
+    let origin = known
+        .iter()
+        .map(|(_, d)| d.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let ((major, minor), _) = newest;
+    if newest.0 > want {
+        return Err(Refusal {
+            reason: reason::SNAPSHOT_VERSION_TOO_NEW,
+            message: format!(
+                "snapshot object {key} was written by etcd {major}.{minor} ({origin}), a newer \
+                 minor than spec.version {requested}: etcd cannot run an older minor on newer \
+                 data. Set spec.version to a {major}.{minor}.x release to restore it"
+            ),
+        });
+    }
+    let ((major, minor), _) = oldest;
+    if want > (*major, minor + 1) {
+        return Err(Refusal {
+            reason: reason::SNAPSHOT_VERSION_TOO_OLD,
+            message: format!(
+                "snapshot object {key} was written by etcd {major}.{minor} ({origin}), more \
+                 than one minor below spec.version {requested}: etcd moves up one minor at a \
+                 time. Restore it with spec.version {major}.{minor}.x or {major}.{}.x, then \
+                 upgrade",
+                minor + 1
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `(MAJOR, MINOR)` of `3.5`, `3.5.0` or `v3.5.1`.
+fn minor_of(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.trim_start_matches('v').split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+fn version_unknown(key: &str, seen: &SnapshotVersion) -> Refusal {
+    let why = match seen {
+        SnapshotVersion::Unreadable(why) => format!("it cannot be read as etcd's database: {why}"),
+        _ => "it records no cluster version".to_string(),
+    };
+    Refusal {
+        reason: reason::SNAPSHOT_VERSION_UNKNOWN,
+        message: format!(
+            "which etcd wrote snapshot object {key} cannot be told: no EtcdBackup records it and \
+             {why}; restoring it could start an older etcd on newer data. Restore from an \
+             EtcdBackup (it records the version) or from a snapshot of a running cluster"
+        ),
     }
 }
 
@@ -422,6 +539,113 @@ mod tests {
             ),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_snapshot_restores_only_into_its_own_minor_or_the_next() {
+        let from_backup = |v: &str| ResolvedRestore {
+            etcd_version: Some(v.into()),
+            ..resolve_source(&by_name(), Some(Some(&succeeded()))).unwrap()
+        };
+        let direct = ResolvedRestore {
+            etcd_version: None,
+            ..from_backup("")
+        };
+        let recorded = |v: &str| SnapshotVersion::Recorded(v.into());
+        let not_recorded = SnapshotVersion::NotRecorded;
+        // (backup's version, snapshot's own, spec.version, expected reason)
+        let cases: &[(&ResolvedRestore, &SnapshotVersion, &str, Option<&str>)] = &[
+            (&from_backup("3.5.1"), &recorded("3.5.0"), "3.5.1", None),
+            (&from_backup("3.5.1"), &recorded("3.5.0"), "3.5.0", None),
+            (&from_backup("3.5.1"), &recorded("3.5.0"), "3.6.0", None),
+            (&from_backup("3.4.23"), &recorded("3.4.0"), "3.5.1", None),
+            (&direct, &recorded("3.4.0"), "3.4.23", None),
+            (&from_backup("3.4.23"), &not_recorded, "3.4.23", None),
+            // Downgrades: by what the backup says, by what the snapshot says.
+            (
+                &from_backup("3.5.1"),
+                &recorded("3.5.0"),
+                "3.4.23",
+                Some(reason::SNAPSHOT_VERSION_TOO_NEW),
+            ),
+            (
+                &from_backup("3.5.1"),
+                &not_recorded,
+                "3.4.23",
+                Some(reason::SNAPSHOT_VERSION_TOO_NEW),
+            ),
+            (
+                &direct,
+                &recorded("3.5.0"),
+                "3.4.23",
+                Some(reason::SNAPSHOT_VERSION_TOO_NEW),
+            ),
+            // A 3.5 member of a cluster still at 3.4 wrote 3.5 data.
+            (
+                &from_backup("3.5.1"),
+                &recorded("3.4.0"),
+                "3.4.23",
+                Some(reason::SNAPSHOT_VERSION_TOO_NEW),
+            ),
+            (
+                &direct,
+                &recorded("3.6.0"),
+                "3.5.1",
+                Some(reason::SNAPSHOT_VERSION_TOO_NEW),
+            ),
+            // Skipped minors.
+            (
+                &from_backup("3.4.23"),
+                &recorded("3.4.0"),
+                "3.6.0",
+                Some(reason::SNAPSHOT_VERSION_TOO_OLD),
+            ),
+            (
+                &direct,
+                &recorded("3.4.0"),
+                "3.6.0",
+                Some(reason::SNAPSHOT_VERSION_TOO_OLD),
+            ),
+            // Nothing tells.
+            (
+                &direct,
+                &not_recorded,
+                "3.5.1",
+                Some(reason::SNAPSHOT_VERSION_UNKNOWN),
+            ),
+            (
+                &direct,
+                &SnapshotVersion::Unreadable("no magic".into()),
+                "3.5.1",
+                Some(reason::SNAPSHOT_VERSION_UNKNOWN),
+            ),
+            (
+                &from_backup("garbage"),
+                &not_recorded,
+                "3.5.1",
+                Some(reason::SNAPSHOT_VERSION_UNKNOWN),
+            ),
+        ];
+        for (expected, seen, requested, want) in cases {
+            let got = judge_version(expected, seen, requested);
+            assert_eq!(
+                got.as_ref().err().map(|r| r.reason),
+                *want,
+                "{:?} {seen:?} → {requested}: {got:?}",
+                expected.etcd_version
+            );
+            if let Err(r) = got {
+                assert!(r.message.contains("c/1.db"), "{}", r.message);
+            }
+        }
+        let refused = judge_version(&from_backup("3.5.1"), &recorded("3.5.0"), "3.4.23")
+            .unwrap_err()
+            .message;
+        for want in ["3.5", "3.5.1", "3.5.0", "3.4.23", "spec.version to a 3.5.x"] {
+            assert!(refused.contains(want), "{want}: {refused}");
+        }
+        // A requested version the policy rejects is the policy's to report.
+        assert_eq!(judge_version(&direct, &recorded("3.5.0"), "v3.4"), Ok(()));
     }
 
     #[test]

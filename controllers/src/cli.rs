@@ -9,23 +9,29 @@
 //! (`etcdfleet_api::version::decide`) and the planner
 //! (`etcdcluster::plan::plan_next_step`) on an `Observation` rebuilt from
 //! `status.members`. What the status cannot say (whether the workload objects
-//! exist and match) is assumed to be in order.
+//! exist and match) is assumed to be in order. Its `Available` condition says
+//! when the last reconcile reached too few members to see a quorum (cut off
+//! from Ready pods, or quorum lost): then the members list is as last seen,
+//! and the plan is made as the controller made it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
 use std::time::Duration;
 
+use etcdfleet_api::conditions;
 use etcdfleet_api::template::{Resolution, ResolveError, resolve};
 use etcdfleet_api::validation::validate_object;
 use etcdfleet_api::version::{VersionChange, VersionRejection, decide, parse_full_version};
-use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, EtcdTemplate, MemberStatus, TemplateKind};
+use etcdfleet_api::{
+    ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdTemplate, MemberStatus, TemplateKind,
+};
 use kube::{CustomResourceExt, ResourceExt};
 use serde::Deserialize;
 
 use crate::etcd::{ClusterHealth, Member, MemberObservation, MemberStatus as EtcdMemberStatus};
 use crate::etcdcluster::plan::{
-    EtcdObservation, Observation, Plan, PodObservation, PvcObservation, RemovalCause,
-    StatefulSetObservation, Step, plan_next_step,
+    EtcdObservation, Observation, Plan, PodObservation, PvcObservation, QuorumView, RemovalCause,
+    StatefulSetObservation, Step, plan_next_step, quorum_view,
 };
 use crate::etcdcluster::resolve::{
     is_materialized, rebase_requested, render_inputs, resolve_own_spec,
@@ -660,13 +666,14 @@ pub fn plan_cluster(
              member 0 of {replicas} (the others join one at a time as learners)"
         )
     } else {
-        let obs = observation_from_status(
+        let mut obs = observation_from_status(
             &inputs,
             replicas,
             &status.members,
             now,
             member_failure_grace,
         );
+        unanswered_as_reported(&status, &mut obs);
         describe_plan(&plan_next_step(&obs), &obs)
     };
     ClusterPlan {
@@ -840,6 +847,35 @@ pub fn observation_from_status(
         last_failure: None,
         // A running cluster: the restore gate applies only before bootstrap.
         restore: Default::default(),
+    }
+}
+
+/// What the members list cannot say, `Available` does: when the last
+/// reconcile reached too few members to see a quorum, the list holds the
+/// members as last seen. `MembersUnreachableFromController`: their pods were
+/// Ready by etcd's own health check (the controller is cut off, not etcd);
+/// `QuorumLost` while the list still shows a quorum healthy: no member
+/// answered and their pods were not Ready. Planned as the controller did,
+/// so `plan` says what the controller says (no restore advice for a cut-off
+/// controller).
+fn unanswered_as_reported(status: &EtcdClusterStatus, obs: &mut Observation) {
+    let Some(available) = conditions::find(&status.conditions, conditions::AVAILABLE) else {
+        return;
+    };
+    let ready = match available.reason.as_str() {
+        conditions::MEMBERS_UNREACHABLE_FROM_CONTROLLER => true,
+        conditions::QUORUM_LOST => false,
+        _ => return,
+    };
+    if ready {
+        obs.pods.values_mut().for_each(|p| p.ready = true);
+    }
+    if let QuorumView::Healthy { .. } = quorum_view(obs) {
+        obs.etcd = EtcdObservation::Unreachable(format!(
+            "the last reconcile reported Available {}: {}",
+            available.status, available.reason
+        ));
+        obs.pods.values_mut().for_each(|p| p.ready = ready);
     }
 }
 
@@ -1155,6 +1191,51 @@ spec:
         ))[0];
         assert!(
             p.next.starts_with("repair: remove member c-etcd-2 (a2)"),
+            "{}",
+            p.next
+        );
+    }
+
+    /// `cluster` with an `Available` condition in its status.
+    fn with_available(yaml: String, status: &str, reason: &str) -> String {
+        format!(
+            "{yaml}  conditions:\n      - type: Available\n        status: \"{status}\"\n        reason: {reason}\n        message: as reported\n        lastTransitionTime: \"2025-06-01T11:59:00Z\"\n"
+        )
+    }
+
+    #[test]
+    fn plan_of_a_controller_cut_off_from_ready_members_holds_without_restore_advice() {
+        // No member answered the last reconcile (the list is as last seen),
+        // or only one did; their pods were Ready by etcd's own health check.
+        let all_silent = healthy(3, "3.5.1");
+        let one_answers = [
+            member(0, "3.5.1", true, true),
+            member(1, "3.5.1", false, false),
+            member(2, "3.5.1", false, false),
+        ];
+        for members in [&all_silent[..], &one_answers[..]] {
+            let yaml = cluster("  version: 3.5.1\n  replicas: 3\n", "3.5.1", members);
+            let p = &plan(&with_available(
+                yaml,
+                "Unknown",
+                "MembersUnreachableFromController",
+            ))[0];
+            assert!(
+                p.next.starts_with("blocked, needs attention:")
+                    && p.next.contains("cut off")
+                    && p.next.contains("network")
+                    && !p.next.contains("quorum lost")
+                    && !p.next.contains("restore"),
+                "{}",
+                p.next
+            );
+            assert_eq!(p.outcome(), PlanOutcome::Blocked);
+        }
+        // Quorum lost by the members' own health: the advice stays.
+        let yaml = cluster("  version: 3.5.1\n  replicas: 3\n", "3.5.1", &all_silent);
+        let p = &plan(&with_available(yaml, "False", "QuorumLost"))[0];
+        assert!(
+            p.next.contains("quorum lost") && p.next.contains("restore"),
             "{}",
             p.next
         );

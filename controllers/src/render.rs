@@ -68,6 +68,13 @@ pub const RESTORE_CREDENTIAL_KEYS: [(&str, &str); 3] = [
 /// Everything a workload object is rendered from. Field order and names are
 /// part of the hash: add new fields as `Option`s skipped when `None`, so that
 /// existing clusters keep their hash.
+///
+/// Two inputs matter only when etcd bootstraps (the first start of member 0
+/// on an empty data directory): `uid`, which makes the initial cluster token
+/// unique, and `restore`, which seeds member 0. They are rendered, but the
+/// StatefulSet's hash leaves them out ([`RenderInputs::statefulset_hash`]):
+/// an EtcdCluster deleted without its finalizer and applied again (a new
+/// UID, no status) must not roll members that run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RenderInputs {
@@ -75,7 +82,7 @@ pub struct RenderInputs {
     pub name: String,
     /// EtcdCluster namespace in the management cluster.
     pub owner_namespace: String,
-    /// EtcdCluster UID: makes the etcd cluster token unique.
+    /// EtcdCluster UID: makes the etcd cluster token unique. Bootstrap-only.
     pub uid: String,
     pub workload_namespace: String,
     pub image: String,
@@ -93,16 +100,37 @@ pub struct RenderInputs {
     pub snapshot_count: i64,
     pub auto_compaction_retention: String,
     /// The verified snapshot member 0 is seeded from (`status.restore`).
+    /// Bootstrap-only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreRecord>,
+    /// The `--initial-cluster-token` the members were bootstrapped with, as
+    /// the existing StatefulSet records it; `None`: derived from `uid`. Not
+    /// part of any hash (never serialized).
+    #[serde(skip)]
+    pub initial_cluster_token: Option<String>,
 }
 
 /// How this controller release renders. Tests switch to a "next release"
-/// profile to prove that a rendering change alone writes nothing.
+/// profile to prove that a rendering change alone writes nothing, and to a
+/// "previous release" one to prove that objects it wrote are not rewritten.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RenderProfile {
     /// Extra labels on every pod template (what a later release might add).
     pub extra_pod_labels: BTreeMap<String, String>,
+    /// Stamp the StatefulSet with [`RenderInputs::legacy_statefulset_hash`],
+    /// as releases before bootstrap-only inputs were left out did.
+    pub legacy_inputs_hash: bool,
+}
+
+impl RenderProfile {
+    /// The inputs hash this release stamps on a StatefulSet it writes.
+    pub fn statefulset_hash(&self, inputs: &RenderInputs) -> String {
+        if self.legacy_inputs_hash {
+            inputs.legacy_statefulset_hash()
+        } else {
+            inputs.statefulset_hash()
+        }
+    }
 }
 
 /// Deterministic names of everything one EtcdCluster owns.
@@ -275,8 +303,25 @@ impl RenderInputs {
             tls: self.tls,
         }
     }
-    /// Hash of the inputs of the StatefulSet: everything.
+    /// Hash of the inputs of the StatefulSet: every input running members
+    /// depend on, the bootstrap-only ones (`uid`, `restore`) blanked. The
+    /// JSON is the legacy one with those two fields emptied, so no other
+    /// input's serialization moves.
     pub fn statefulset_hash(&self) -> String {
+        let rolled = RenderInputs {
+            uid: String::new(),
+            restore: None,
+            ..self.clone()
+        };
+        hash_of("StatefulSet", &rolled)
+    }
+
+    /// The StatefulSet hash releases before this one stamped: every input,
+    /// bootstrap-only ones included. A StatefulSet that carries it is
+    /// current while it matches (no write, no roll: a controller upgrade
+    /// changes nothing); its next write for a change of inputs stamps
+    /// [`statefulset_hash`](Self::statefulset_hash).
+    pub fn legacy_statefulset_hash(&self) -> String {
         hash_of("StatefulSet", self)
     }
     /// Hash of the inputs of Services, PDB and TLS Secrets: the identity.
@@ -452,13 +497,36 @@ fn member_host_template(inputs: &RenderInputs) -> String {
     )
 }
 
-/// etcd's `--initial-cluster-token`: unique per EtcdCluster object.
+/// etcd's `--initial-cluster-token`: the one the members were bootstrapped
+/// with when known, else unique per EtcdCluster object. etcd reads it only
+/// when a member starts a new cluster on an empty data directory.
 fn cluster_token(inputs: &RenderInputs) -> String {
+    if let Some(token) = &inputs.initial_cluster_token {
+        return token.clone();
+    }
     format!(
         "{}-{}",
         inputs.name,
         inputs.uid.split('-').next().unwrap_or_default()
     )
+}
+
+/// The `--initial-cluster-token` a StatefulSet's etcd container runs with.
+pub fn statefulset_cluster_token(sts: &StatefulSet) -> Option<String> {
+    let etcd = sts
+        .spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == "etcd")?;
+    etcd.args
+        .iter()
+        .flatten()
+        .find_map(|a| a.strip_prefix("--initial-cluster-token="))
+        .map(str::to_string)
 }
 
 /// The etcd tool that restores a snapshot in this version's image: `etcdutl`
@@ -743,8 +811,9 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
     let overrides = &inputs.pod;
     let mut storage_request = BTreeMap::new();
     storage_request.insert("storage".to_string(), Quantity(inputs.storage_size.clone()));
+    let hash = profile.statefulset_hash(inputs);
     StatefulSet {
-        metadata: meta(inputs, names.statefulset(), inputs.statefulset_hash()),
+        metadata: meta(inputs, names.statefulset(), hash.clone()),
         spec: Some(StatefulSetSpec {
             replicas: Some(replicas),
             service_name: Some(names.peer_service()),
@@ -768,7 +837,7 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
                     labels: Some(pod_labels),
                     annotations: Some({
                         let mut a = overrides.annotations.clone().unwrap_or_default();
-                        a.insert(TEMPLATE_HASH.to_string(), inputs.statefulset_hash());
+                        a.insert(TEMPLATE_HASH.to_string(), hash);
                         a
                     }),
                     ..Default::default()
@@ -878,13 +947,16 @@ pub fn carried_hash(meta: &ObjectMeta) -> Option<&str> {
 
 /// Why an existing StatefulSet must be rewritten, if it must: its inputs hash
 /// differs, or a guarded field (the image) drifted from what the inputs say.
+/// The hash of a release before this one ([`RenderInputs::legacy_statefulset_hash`])
+/// is current too while it matches.
 pub fn drift(existing: &StatefulSet, inputs: &RenderInputs) -> Option<String> {
     let want = inputs.statefulset_hash();
-    match carried_hash(&existing.metadata) {
-        Some(h) if h == want => {}
+    let want = match carried_hash(&existing.metadata) {
+        Some(h) if h == want => want,
+        Some(h) if h == inputs.legacy_statefulset_hash() => h.to_string(),
         Some(h) => return Some(format!("inputs changed (hash {h} → {want})")),
         None => return Some("no inputs hash".to_string()),
-    }
+    };
     let admitted = existing
         .metadata
         .annotations
@@ -924,7 +996,84 @@ mod tests {
             snapshot_count: 10000,
             auto_compaction_retention: "1h".into(),
             restore: None,
+            initial_cluster_token: None,
         }
+    }
+
+    fn a_restore_record() -> RestoreRecord {
+        RestoreRecord {
+            backup_name: Some("nightly".into()),
+            destination: etcdfleet_api::ObjectStoreDestination {
+                bucket: Some("b".into()),
+                credentials_secret_name: Some("s3".into()),
+                ..Default::default()
+            },
+            object_key: "team/c/1.db".into(),
+            sha256: "ab".repeat(32),
+            size_bytes: Some(42),
+            seeder_image: "etcdfleet/controller:v1".into(),
+            verified_time: None,
+        }
+    }
+
+    /// The previous release's StatefulSet hash is unchanged: a StatefulSet it
+    /// wrote is current for this one (values computed by the previous
+    /// release's `statefulset_hash` on these inputs).
+    #[test]
+    fn the_previous_releases_hash_is_recognised_bit_for_bit() {
+        let mut i = inputs();
+        assert_eq!(i.legacy_statefulset_hash(), "c378bd8e864a2daebd823cbe");
+        let old = statefulset(
+            &i,
+            &RenderProfile {
+                legacy_inputs_hash: true,
+                ..Default::default()
+            },
+            3,
+        );
+        assert_eq!(
+            carried_hash(&old.metadata),
+            Some("c378bd8e864a2daebd823cbe")
+        );
+        assert_eq!(drift(&old, &i), None);
+        i.restore = Some(a_restore_record());
+        assert_eq!(i.legacy_statefulset_hash(), "3703f718b8723a78de291822");
+        // A real change of inputs is still a change.
+        i.snapshot_count += 1;
+        assert!(drift(&old, &i).unwrap().contains("inputs changed"));
+    }
+
+    #[test]
+    fn bootstrap_only_inputs_change_no_hash_and_a_recorded_token_is_kept() {
+        let a = inputs();
+        let sts = statefulset(&a, &RenderProfile::default(), 3);
+        assert_eq!(
+            statefulset_cluster_token(&sts).as_deref(),
+            Some("main-1234abcd")
+        );
+        // The same EtcdCluster applied again: a new UID, no status.restore.
+        let mut again = a.clone();
+        again.uid = "99999999-0000".into();
+        assert_eq!(again.statefulset_hash(), a.statefulset_hash());
+        assert_eq!(drift(&sts, &again), None);
+        let mut restored = a.clone();
+        restored.restore = Some(a_restore_record());
+        assert_eq!(restored.statefulset_hash(), a.statefulset_hash());
+        assert_eq!(drift(&sts, &restored), None);
+        // Rewritten for a real change, the members keep the token they
+        // were bootstrapped with.
+        again.snapshot_count += 1;
+        assert!(drift(&sts, &again).is_some());
+        again.initial_cluster_token = statefulset_cluster_token(&sts);
+        let rewritten = statefulset(&again, &RenderProfile::default(), 3);
+        assert_eq!(
+            statefulset_cluster_token(&rewritten).as_deref(),
+            Some("main-1234abcd")
+        );
+        // Inputs that running members depend on still change the hash.
+        let mut tuned = a.clone();
+        tuned.heartbeat_interval_millis += 1;
+        assert_ne!(tuned.statefulset_hash(), a.statefulset_hash());
     }
 
     #[test]

@@ -555,3 +555,62 @@ async fn a_failed_attempt_sets_a_condition_and_is_retried_after_backoff() -> Res
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_store_outage_while_streaming_a_backup_is_reported_as_a_store_error() -> Result<()>
+{
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let Some(s3) = S3Server::start() else {
+        return Ok(());
+    };
+    s3.create_bucket("outage")?;
+    let destination = s3.destination("outage", CREDENTIALS);
+    let (fleet, _) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
+    put_credentials(&fleet).await?;
+    // More than one upload part: the store is first written to while etcd
+    // is still streaming the snapshot.
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 1).await?;
+    let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
+    let value = vec![b'x'; 1 << 20];
+    for i in 0..12 {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            kv.put(format!("big/{i:02}"), value.clone(), None),
+        )
+        .await??;
+    }
+    // The object store goes down; etcd is fine. The store client retries
+    // its request before it gives up (a few seconds here); the snapshot
+    // deadline is made long, so what ends the attempt is the store's error.
+    drop(s3);
+    let mut settings = etcdfleet_tests::driver::fast_settings();
+    settings.etcd_deadlines.snapshot = Duration::from_secs(300);
+    let ctl = etcdfleet_tests::scenario::controller_with(&fleet, settings);
+    let (_clock, now) = TestClock::new();
+    let bctx = backup_context(&ctl, now);
+    create_backup(&fleet, "during-outage", "etcd-a", destination).await?;
+    let outcomes = drive_backup(&fleet, &bctx, "during-outage").await?;
+    let Some(Outcome::AttemptFailed { reason, message }) = outcomes.last() else {
+        panic!("expected a failed attempt: {outcomes:?}");
+    };
+    assert_eq!(reason, "ObjectStoreError", "{message}");
+    assert!(
+        !message.starts_with("etcd") && message.contains("during-outage"),
+        "{message}"
+    );
+    let b = get_backup(&fleet, "during-outage").await?;
+    let failed = conditions::find(&status_of(&b)?.conditions, condition::FAILED)
+        .context("Failed condition")?;
+    assert_eq!(failed.reason, "ObjectStoreError", "{failed:?}");
+    let metrics = ctl.ctx.metrics.encode();
+    assert!(
+        metrics.contains(
+            "etcdfleet_backup_failures_total{cluster=\"team-a/etcd-a\",reason=\"ObjectStoreError\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("IOError"), "{metrics}");
+    Ok(())
+}

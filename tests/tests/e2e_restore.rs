@@ -537,3 +537,98 @@ async fn a_restore_over_kept_volumes_is_refused_until_they_are_deleted_and_never
     fleet.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_that_would_downgrade_the_snapshot_is_refused_before_any_workload_write()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_4).is_none() || require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let Some(s3) = S3Server::start() else {
+        return Ok(());
+    };
+    s3.create_bucket("restore")?;
+    let destination = s3.destination("restore", CREDENTIALS);
+    let (fleet, ctl) = running(&["a", "b"], &[cluster("source", "a", 1, "3.5.1")]).await?;
+    put_credentials(&fleet).await?;
+    write_keys(&fleet, "a", "source", 10).await?;
+    let backup = back_up(&fleet, &ctl, "taken-by-3-5", "source", destination.clone()).await?;
+    let status = backup.status.clone().context("backup status")?;
+    ensure!(
+        status.etcd_version.as_deref() == Some("3.5.1"),
+        "{status:?}"
+    );
+    let key = status.object_key.clone().context("key")?;
+    let sha = status.sha256.clone().context("sha")?;
+
+    fleet.clear_ops();
+    // By its EtcdBackup, which records the etcd version it was taken from.
+    create(
+        &fleet,
+        &restoring_version(
+            "by-backup",
+            "b",
+            1,
+            "3.4.23",
+            RestoreSource {
+                backup_name: Some("taken-by-3-5".into()),
+                ..Default::default()
+            },
+        ),
+    )
+    .await?;
+    assert_refused_before_any_write(
+        &fleet,
+        &ctl,
+        "by-backup",
+        "b",
+        &key,
+        reason::SNAPSHOT_VERSION_TOO_NEW,
+    )
+    .await?;
+    // By destination, key and checksum alone: the version is read from the
+    // snapshot itself while it is verified.
+    create(
+        &fleet,
+        &restoring_version(
+            "by-object",
+            "b",
+            1,
+            "3.4.23",
+            RestoreSource {
+                destination: Some(destination.clone()),
+                object_key: Some(key.clone()),
+                sha256: Some(sha.clone()),
+                ..Default::default()
+            },
+        ),
+    )
+    .await?;
+    assert_refused_before_any_write(
+        &fleet,
+        &ctl,
+        "by-object",
+        "b",
+        &key,
+        reason::SNAPSHOT_VERSION_TOO_NEW,
+    )
+    .await?;
+    for name in ["by-backup", "by-object"] {
+        let c = get(&fleet, name).await?;
+        let failed = c
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == RESTORE_FAILED))
+            .context("no RestoreFailed")?;
+        ensure!(
+            failed.message.contains("3.5") && failed.message.contains("3.4.23"),
+            "{name}: the message names both versions: {failed:?}"
+        );
+        ensure!(
+            c.status.as_ref().and_then(|s| s.restore.as_ref()).is_none(),
+            "{name}: nothing recorded as restored"
+        );
+    }
+    fleet.shutdown().await;
+    Ok(())
+}

@@ -858,6 +858,10 @@ async fn quorum_loss_is_reported_with_recovery_steps_and_nothing_destructive() -
             .kill_pod_process(WORKLOAD_NS, &format!("etcd-a-etcd-{o}"))
             .await?;
     }
+    // The kubelet sees the processes gone: their pods are not Ready (this one
+    // sync only schedules their restarts, and no other sync runs). Quorum
+    // loss is what the members' own health says, not only the controller.
+    fleet.sync_all().await?;
     // Well past the failure grace, with the members kept down.
     let outcomes = reconcile_for(&ctl, "etcd-a", fast_settings().member_failure_grace * 2).await;
     assert!(destructive(&outcomes).is_empty(), "{outcomes:?}");
@@ -877,5 +881,182 @@ async fn quorum_loss_is_reported_with_recovery_steps_and_nothing_destructive() -
         "{}",
         available.message
     );
+    Ok(())
+}
+
+/// Whether the pod's Ready condition is True.
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_controller_unreachable_from_every_member_of_a_ready_cluster_never_reports_quorum_lost_and_takes_no_step()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, _) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd-a", 3, "before-the-cut").await?;
+    // The path between the controller and every member is cut (a broken
+    // port-forward, a workload API server restarting); etcd itself is
+    // healthy and every pod passes etcd's own health check. A fresh
+    // controller: no connection opened before the cut survives.
+    let dialer = fleet.dialer();
+    dialer.block("etcd-a-etcd-");
+    let ctl = TestController::new(
+        fleet.management(),
+        fleet.client_factory(),
+        dialer.clone(),
+        fast_settings(),
+    );
+    fleet.clear_ops();
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let until = Instant::now() + fast_settings().member_failure_grace * 2;
+    let mut outcomes = Vec::new();
+    while Instant::now() < until {
+        // The kubelet keeps probing: every pod stays Ready by etcd's /health.
+        fleet.sync_all().await?;
+        outcomes.push(ctl.reconcile(NS, "etcd-a").await.map_err(|e| e.to_string()));
+        let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+        let available =
+            conditions::find(&status.conditions, AVAILABLE).context("no Available condition")?;
+        assert_ne!(available.reason, "QuorumLost", "{available:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for o in 0..3 {
+        let pod = pods.get(&format!("etcd-a-etcd-{o}")).await?;
+        assert!(
+            is_ready(&pod),
+            "etcd-a-etcd-{o} is not Ready: {:?}",
+            pod.status
+        );
+    }
+    assert!(
+        !outcomes.iter().any(|o| matches!(o, Ok(Outcome::Acted(_)))),
+        "acted while cut off: {outcomes:?}"
+    );
+    assert!(
+        workload_writes(&fleet).is_empty(),
+        "wrote while cut off: {:#?}",
+        workload_writes(&fleet)
+    );
+    match outcomes.last() {
+        Some(Ok(Outcome::Held(why))) => assert!(
+            why.contains("network")
+                && !why.contains("quorum lost")
+                && !why.contains("restore")
+                && !why.contains("snapshot"),
+            "{why}"
+        ),
+        other => panic!("expected a hold naming the network, got {other:?}"),
+    }
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    let available = conditions::find(&status.conditions, AVAILABLE).context("no Available")?;
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_str()),
+        ("Unknown", "MembersUnreachableFromController"),
+        "{available:?}"
+    );
+    assert!(
+        available.message.contains("3 of 3")
+            && !available.message.contains("restore")
+            && !available.message.contains("snapshot"),
+        "{}",
+        available.message
+    );
+    // The path comes back: nothing was touched, the data is all there.
+    dialer.unblock_all();
+    assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    let available = conditions::find(&status.conditions, AVAILABLE).context("no Available")?;
+    assert_eq!(available.status, "True", "{available:?}");
+    read_everywhere(&fleet, "a", "etcd-a", 3, "before-the-cut").await?;
+    Ok(())
+}
+
+/// Name → (UID, restart count) of every member pod of workload `a`.
+async fn member_pods(fleet: &Fleet) -> Result<std::collections::BTreeMap<String, (String, i32)>> {
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    Ok(pods
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map_or(0, |c| c.restart_count);
+            (p.name_any(), (p.uid().unwrap_or_default(), restarts))
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recreated_etcdcluster_converges_without_a_restart_of_any_member() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, mut ctl) = running(&["a"], &[cluster("etcd-a", "a", 3, "3.5.1")]).await?;
+    put(&fleet, "a", "etcd-a", 3, "before-the-move").await?;
+    let before = member_pods(&fleet).await?;
+    assert_eq!(before.len(), 3, "{before:?}");
+
+    // A management-plane operation: the EtcdCluster goes without its
+    // finalizer running (its PKI Secret with it, by garbage collection),
+    // then the same manifest and the same PKI are applied again, as a
+    // management-cluster restore does. The new object has a new UID.
+    let secrets: Api<Secret> = Api::namespaced(fleet.management_direct(), NS);
+    let pki = secrets.get("etcd-a-etcd-pki").await?;
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    let old_uid = api.get("etcd-a").await?.uid();
+    api.patch(
+        "etcd-a",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "metadata": { "finalizers": [] } })),
+    )
+    .await?;
+    api.delete("etcd-a", &DeleteParams::default()).await?;
+    assert!(api.get_opt("etcd-a").await?.is_none(), "etcd-a still there");
+    if secrets.get_opt("etcd-a-etcd-pki").await?.is_none() {
+        let mut restored = Secret {
+            data: pki.data.clone(),
+            type_: pki.type_.clone(),
+            ..Default::default()
+        };
+        restored.metadata.name = Some("etcd-a-etcd-pki".into());
+        restored.metadata.namespace = Some(NS.into());
+        restored.metadata.labels = pki.metadata.labels.clone();
+        secrets.create(&PostParams::default(), &restored).await?;
+    }
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    assert_ne!(api.get("etcd-a").await?.uid(), old_uid, "a new object");
+
+    fleet.clear_ops();
+    let log = converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let steps = log.steps_of(&format!("{NS}/etcd-a"));
+    assert!(
+        !steps
+            .iter()
+            .any(|s| s.is_destructive() || matches!(s, Step::WriteObjects(k) if k.contains(&etcdcluster::plan::ObjectKind::StatefulSet))),
+        "the re-created cluster rolled or rewrote its members: {steps:?}"
+    );
+    let statefulset_writes: Vec<ApiOp> = workload_writes(&fleet)
+        .into_iter()
+        .filter(|o| o.resource == "statefulsets" || o.resource == "pods")
+        .collect();
+    assert!(statefulset_writes.is_empty(), "{statefulset_writes:#?}");
+    assert_eq!(member_pods(&fleet).await?, before, "a member was restarted");
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    assert!(
+        conditions::is_true(&status.conditions, AVAILABLE),
+        "{status:?}"
+    );
+    read_everywhere(&fleet, "a", "etcd-a", 3, "before-the-move").await?;
     Ok(())
 }

@@ -161,7 +161,9 @@ pub async fn take(
 }
 
 /// Streams a snapshot of `member` into `key`; returns (bytes, hex SHA-256)
-/// as computed while streaming. A failed stream aborts the upload.
+/// as computed while streaming. A failed stream aborts the upload. The only
+/// writer the stream writes to is the upload: a write that fails is the
+/// store's failure (an outage, a refused part), never etcd's.
 pub async fn stream_to(
     store: &Store,
     key: &str,
@@ -172,6 +174,10 @@ pub async fn stream_to(
         Ok(info) => {
             upload.finish().await?;
             Ok((info.bytes_written, info.sha256))
+        }
+        Err(EtcdError::Io(e)) => {
+            upload.abort().await;
+            Err(StoreError::upload(key, e).into())
         }
         Err(e) => {
             upload.abort().await;

@@ -61,6 +61,31 @@ impl StoreError {
         }
     }
 
+    /// A write into an upload that failed: the store's error as the
+    /// upload's writer reports it (object_store's own error when it carries
+    /// one, e.g. the request that failed after its retries).
+    pub fn upload(key: &str, e: std::io::Error) -> Self {
+        let generic = |source| object_store::Error::Generic {
+            store: "upload",
+            source,
+        };
+        let source = if e.get_ref().is_some() {
+            let inner = e.into_inner().unwrap_or_else(|| "the upload failed".into());
+            match inner.downcast::<object_store::Error>() {
+                Ok(store) => *store,
+                Err(other) => generic(other),
+            }
+        } else {
+            generic(Box::new(e))
+        };
+        // Not `object()`: a 404 to an upload is a missing bucket, not a
+        // missing object.
+        StoreError::Object {
+            key: key.to_string(),
+            source,
+        }
+    }
+
     fn object(key: &str, source: object_store::Error) -> Self {
         match source {
             object_store::Error::NotFound { .. } => StoreError::NotFound(key.to_string()),
@@ -305,13 +330,7 @@ impl Upload {
         self.writer
             .shutdown()
             .await
-            .map_err(|e| StoreError::Object {
-                key: self.key.clone(),
-                source: object_store::Error::Generic {
-                    store: "upload",
-                    source: Box::new(e),
-                },
-            })
+            .map_err(|e| StoreError::upload(&self.key, e))
     }
 
     /// Cancels the upload (best effort: parts already sent are discarded by the store).
@@ -367,6 +386,27 @@ mod tests {
         store.delete("ns/c/x.db").await.unwrap();
         store.delete("ns/c/x.db").await.unwrap();
         assert!(!store.exists("ns/c/x.db").await.unwrap());
+    }
+
+    #[test]
+    fn a_failed_write_into_an_upload_is_the_stores_error() {
+        let refused = object_store::Error::Generic {
+            store: "S3",
+            source: "connection refused".into(),
+        };
+        let e = StoreError::upload("ns/c/x.db", std::io::Error::other(refused));
+        assert_eq!(e.reason(), "ObjectStoreError");
+        assert!(e.to_string().contains("ns/c/x.db"), "{e}");
+        assert!(e.to_string().contains("connection refused"), "{e}");
+        let missing_bucket = object_store::Error::NotFound {
+            path: "ns/c/x.db".into(),
+            source: "NoSuchBucket".into(),
+        };
+        let e = StoreError::upload("ns/c/x.db", std::io::Error::other(missing_bucket));
+        assert_eq!(e.reason(), "ObjectStoreError", "{e}");
+        let plain = StoreError::upload("k", std::io::ErrorKind::BrokenPipe.into());
+        assert_eq!(plain.reason(), "ObjectStoreError");
+        assert!(plain.to_string().contains("broken pipe"), "{plain}");
     }
 
     #[test]

@@ -90,7 +90,7 @@ pub async fn execute(
             let sts = render::statefulset(inputs, &ctx.profile, *replicas as i32);
             let api = Api::<StatefulSet>::namespaced(client, ns);
             let stored = apply(&api, &sts).await.map_err(err)?;
-            record_admitted_image(&api, &stored, inputs)
+            record_admitted_image(&api, &stored, &ctx.profile.statefulset_hash(inputs), inputs)
                 .await
                 .map_err(err)?;
             Ok(())
@@ -307,11 +307,13 @@ async fn etcd_client(observed: &Observed) -> Result<ClusterClient> {
 }
 
 /// If the API server stored another image than the one written (an admission
-/// webhook), records it so the next reconcile does not see drift and write
-/// again, forever. Conditional on the stored object's resourceVersion.
+/// webhook), records it (for the inputs hash `hash` the write carried) so the
+/// next reconcile does not see drift and write again, forever. Conditional
+/// on the stored object's resourceVersion.
 async fn record_admitted_image(
     api: &Api<StatefulSet>,
     stored: &StatefulSet,
+    hash: &str,
     inputs: &RenderInputs,
 ) -> kube::Result<()> {
     let Some(image) = render::statefulset_image(stored) else {
@@ -324,7 +326,7 @@ async fn record_admitted_image(
         "metadata": {
             "resourceVersion": stored.resource_version(),
             "annotations": {
-                render::ADMITTED_IMAGE: render::admitted_image(&inputs.statefulset_hash(), image)
+                render::ADMITTED_IMAGE: render::admitted_image(hash, image)
             }
         }
     });
@@ -596,11 +598,20 @@ async fn write_object(
                 .statefulset
                 .as_ref()
                 .map_or(1, |s| s.replicas as i32);
+            // The members keep the token they were bootstrapped with (etcd
+            // ignores it on a data directory, but the template stays true).
+            let inputs = &RenderInputs {
+                initial_cluster_token: observed
+                    .statefulset
+                    .as_ref()
+                    .and_then(render::statefulset_cluster_token),
+                ..inputs.clone()
+            };
             let api = Api::<StatefulSet>::namespaced(client, ns);
             let stored = apply(&api, &render::statefulset(inputs, &ctx.profile, replicas))
                 .await
                 .map_err(err)?;
-            record_admitted_image(&api, &stored, inputs)
+            record_admitted_image(&api, &stored, &ctx.profile.statefulset_hash(inputs), inputs)
                 .await
                 .map_err(err)
         }

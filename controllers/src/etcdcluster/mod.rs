@@ -584,10 +584,16 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
         let gate = match crate::restore::kept_volumes(&kept) {
             Some(refused) => refused,
             None => {
+                let requested = resolved.inputs.version.clone();
                 let verdict = traced(step_span("restore", key), async {
-                    crate::restore::gate(&ctx.management, cluster, &ctx.settings.seeder_image)
-                        .await
-                        .map_err(Error::ManagementApi)
+                    crate::restore::gate(
+                        &ctx.management,
+                        cluster,
+                        &requested,
+                        &ctx.settings.seeder_image,
+                    )
+                    .await
+                    .map_err(Error::ManagementApi)
                 })
                 .await?;
                 match verdict {

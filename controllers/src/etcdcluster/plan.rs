@@ -19,6 +19,9 @@
 //! Before all of these, refusals: a workload object that belongs to another
 //! owner, lost PKI, a storage change the StatefulSet cannot take, or a version
 //! the members' own reported version forbids. A refusal takes no step at all.
+//! And without a quorum in sight ([`quorum_view`]) nothing is done either:
+//! said as quorum loss when the members' own health says so, as the
+//! controller being cut off when their pods pass etcd's health check.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -425,6 +428,148 @@ pub const QUORUM_LOSS_HELP: &str = "if the missing members' pods and volumes can
      following etcd's disaster-recovery guide); the controller removes or restarts nothing \
      while quorum is lost";
 
+/// What can be said about quorum from the controller's two vantage points:
+/// the members that answer it, and the pods whose readiness is etcd's own
+/// health check in the pod (the kubelet's view from inside the workload
+/// cluster). `QuorumLost` is said only when both agree that members are down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuorumView {
+    /// A quorum of the voting members answers the controller, healthy.
+    Healthy { healthy: u32, voters: u32 },
+    /// Fewer than a quorum answer the controller, but counting the members
+    /// whose pods pass etcd's own health check there is one: the controller
+    /// is cut off from etcd (a network path, the port-forward through the
+    /// workload API server), which is not etcd losing its quorum.
+    Unreachable(CutOff),
+    /// Fewer than a quorum are healthy by what the members themselves say
+    /// (their answers, and the health checks in their pods).
+    Lost { healthy: u32, voters: u32 },
+    /// No voting member is known yet: nothing to say about quorum.
+    NotStarted,
+}
+
+/// The controller cannot reach enough members to see a quorum, and their
+/// pods say they are healthy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutOff {
+    /// Voting members that answered the controller, healthy.
+    pub answering: u32,
+    /// Voting members that did not answer the controller but whose pods are
+    /// Ready by etcd's own health check.
+    pub ready_in_pods: u32,
+    pub voters: u32,
+}
+
+impl CutOff {
+    /// What a person reads: what each vantage point says and where to look.
+    /// No restore advice: nothing says etcd lost anything.
+    pub fn describe(&self, why: Option<&str>) -> String {
+        let (answering, ready, voters) = (self.answering, self.ready_in_pods, self.voters);
+        let who = if answering == 0 {
+            format!("no voting member answers the controller{}", in_parens(why))
+        } else {
+            format!("only {answering} of {voters} voting members answer the controller")
+        };
+        format!(
+            "{who}, but {} of {voters} pass etcd's own health check in their pods: the \
+             controller is cut off from the members, which says nothing about etcd's quorum \
+             (that cannot be told from here). Check the network between the controller and the \
+             workload cluster (the port-forward through its API server, or the pod network); \
+             nothing that needs etcd is done until the members answer again",
+            answering + ready
+        )
+    }
+}
+
+fn in_parens(why: Option<&str>) -> String {
+    why.map(|w| format!(" ({w})")).unwrap_or_default()
+}
+
+/// A pod whose Ready condition is etcd's own health check, passing.
+fn ready_by_etcd_health(pod: &PodObservation) -> bool {
+    pod.ready && pod.running && !pod.deleting && pod.ready_means_etcd_healthy
+}
+
+/// Quorum as the controller can tell it (see [`QuorumView`]). Pure.
+pub fn quorum_view(obs: &Observation) -> QuorumView {
+    let (answering, silent_ready, voters) = match &obs.etcd {
+        EtcdObservation::Unreachable(_) => {
+            let ready = obs
+                .pods
+                .values()
+                .filter(|p| ready_by_etcd_health(p))
+                .count() as u32;
+            (0, ready.min(obs.known_voters), obs.known_voters)
+        }
+        EtcdObservation::Observed(health) => {
+            let ready = health
+                .voters()
+                .filter(|m| !m.healthy && m.status.is_none())
+                .filter_map(|m| m.member.peer_urls.first())
+                .filter_map(|u| obs.names.ordinal_of_peer_url(u))
+                .filter(|o| obs.pods.get(o).is_some_and(ready_by_etcd_health))
+                .count() as u32;
+            let healthy = health.healthy_voter_count() as u32;
+            (healthy, ready, health.voter_count() as u32)
+        }
+    };
+    let quorum = crate::etcd::quorum(voters as usize) as u32;
+    if voters == 0 {
+        QuorumView::NotStarted
+    } else if answering >= quorum {
+        QuorumView::Healthy {
+            healthy: answering,
+            voters,
+        }
+    } else if answering + silent_ready >= quorum {
+        QuorumView::Unreachable(CutOff {
+            answering,
+            ready_in_pods: silent_ready,
+            voters,
+        })
+    } else {
+        QuorumView::Lost {
+            healthy: answering,
+            voters,
+        }
+    }
+}
+
+/// No member answers the controller: the StatefulSet is grown to cover
+/// every volume with data (no etcd needed), else nothing is done; what is
+/// said depends on whether the members' pods are healthy.
+fn plan_without_answers(obs: &Observation, sts: &StatefulSetObservation, why: &str) -> Plan {
+    let wanted = obs.pvcs.keys().max().map_or(1, |o| o + 1);
+    if sts.replicas < wanted {
+        return Plan::Act(Step::ScaleStatefulSet { replicas: wanted });
+    }
+    match quorum_view(obs) {
+        QuorumView::Unreachable(cut) => Plan::Hold(cut.describe(Some(why))),
+        QuorumView::Lost { .. } | QuorumView::Healthy { .. } => Plan::Hold(format!(
+            "quorum lost: none of the {} known voting members answers ({why}) and their pods do \
+             not pass etcd's health check either; {QUORUM_LOSS_HELP}",
+            obs.known_voters
+        )),
+        QuorumView::NotStarted => Plan::Wait(format!(
+            "no etcd member answers yet ({why}); waiting for {} to start",
+            describe_pods(obs)
+        )),
+    }
+}
+
+/// Without quorum etcd can change nothing, and only a person can tell
+/// whether the missing members come back: no step at all. Said as quorum
+/// loss only when the members' own health says so.
+fn quorum_hold(obs: &Observation) -> Option<Plan> {
+    match quorum_view(obs) {
+        QuorumView::Unreachable(cut) => Some(Plan::Hold(cut.describe(None))),
+        QuorumView::Lost { healthy, voters } => Some(Plan::Hold(format!(
+            "quorum lost: only {healthy} of {voters} voting members are healthy; {QUORUM_LOSS_HELP}"
+        ))),
+        QuorumView::Healthy { .. } | QuorumView::NotStarted => None,
+    }
+}
+
 /// Decides the next step. Pure; see the module docs for the order.
 pub fn plan_next_step(obs: &Observation) -> Plan {
     if let Some(refusal) = refusal(obs) {
@@ -475,22 +620,7 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
 
     // 2. Bootstrap mode: nobody answers. Only ever add.
     let health = match &obs.etcd {
-        EtcdObservation::Unreachable(why) => {
-            let wanted = obs.pvcs.keys().max().map_or(1, |o| o + 1);
-            if sts.replicas < wanted {
-                return Plan::Act(Step::ScaleStatefulSet { replicas: wanted });
-            }
-            if obs.known_voters > 0 {
-                return Plan::Hold(format!(
-                    "quorum lost: none of the {} known voting members answers ({why}); {QUORUM_LOSS_HELP}",
-                    obs.known_voters
-                ));
-            }
-            return Plan::Wait(format!(
-                "no etcd member answers yet ({why}); waiting for {} to start",
-                describe_pods(obs)
-            ));
-        }
+        EtcdObservation::Unreachable(why) => return plan_without_answers(obs, sts, why),
         EtcdObservation::Observed(h) => h,
     };
 
@@ -513,14 +643,8 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
             .map(|m| m.member.id)
     };
 
-    // Without quorum etcd can change nothing, and only a person can tell
-    // whether the missing members come back: no step at all.
-    if health.voter_count() > 0 && !health.has_quorum() {
-        return Plan::Hold(format!(
-            "quorum lost: only {} of {} voting members are healthy; {QUORUM_LOSS_HELP}",
-            health.healthy_voter_count(),
-            health.voter_count()
-        ));
+    if let Some(hold) = quorum_hold(obs) {
+        return hold;
     }
 
     // Record which member each PVC holds as soon as both exist, so that data
@@ -1904,6 +2028,88 @@ mod tests {
             }
             other => panic!("expected wait, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_controller_cut_off_from_members_ready_in_their_pods_holds_without_claiming_quorum_loss() {
+        let cut_off = |why: &str| {
+            assert!(
+                why.contains("cut off")
+                    && why.contains("network")
+                    && !why.contains("quorum lost")
+                    && !why.contains("restore")
+                    && !why.contains("snapshot"),
+                "{why}"
+            )
+        };
+        let by_health = |obs: &mut Observation, ordinals: &[u32]| {
+            for o in ordinals {
+                obs.pods.get_mut(o).unwrap().ready_means_etcd_healthy = true;
+            }
+        };
+        // No member answers; every pod passes etcd's own health check.
+        let mut obs = converged(3, 3);
+        obs.etcd = EtcdObservation::Unreachable("connection refused".into());
+        by_health(&mut obs, &[0, 1, 2]);
+        assert_eq!(
+            quorum_view(&obs),
+            QuorumView::Unreachable(CutOff {
+                answering: 0,
+                ready_in_pods: 3,
+                voters: 3
+            })
+        );
+        match plan_next_step(&obs) {
+            Plan::Hold(why) => cut_off(&why),
+            other => panic!("expected a hold, got {other:?}"),
+        }
+        // Two of three ready are still a quorum by the pods' view.
+        obs.pods.get_mut(&2).unwrap().ready = false;
+        assert!(matches!(quorum_view(&obs), QuorumView::Unreachable(_)));
+        // One of three (another being replaced): the members' own health
+        // says quorum is lost.
+        obs.pods.get_mut(&1).unwrap().deleting = true;
+        assert_eq!(
+            quorum_view(&obs),
+            QuorumView::Lost {
+                healthy: 0,
+                voters: 3
+            }
+        );
+        match plan_next_step(&obs) {
+            Plan::Hold(why) => assert!(why.contains("quorum lost"), "{why}"),
+            other => panic!("expected a hold, got {other:?}"),
+        }
+
+        // One member answers, two do not but pass their pods' check.
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, false, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        by_health(&mut obs, &[1, 2]);
+        match plan_next_step(&obs) {
+            Plan::Hold(why) => cut_off(&why),
+            other => panic!("expected a hold, got {other:?}"),
+        }
+        // Ready without etcd's health check behind it is no vantage point.
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, false, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        assert!(matches!(quorum_view(&obs), QuorumView::Lost { .. }));
+        // A cluster no voter was ever seen of is not started, not lost.
+        obs.etcd = EtcdObservation::Unreachable("no member pods".into());
+        obs.known_voters = 0;
+        assert_eq!(quorum_view(&obs), QuorumView::NotStarted);
+        assert!(matches!(plan_next_step(&obs), Plan::Wait(_)));
     }
 
     #[test]

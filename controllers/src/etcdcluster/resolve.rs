@@ -254,6 +254,8 @@ pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderIn
         auto_compaction_retention: r.tuning.auto_compaction_retention.clone(),
         // The snapshot verified before the first write, never re-resolved.
         restore: cluster.status.as_ref().and_then(|s| s.restore.clone()),
+        // Read from the StatefulSet when one is rewritten (`act`).
+        initial_cluster_token: None,
     }
 }
 

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use etcdfleet_api::conditions::{
-    self, AVAILABLE, CONFLICT, DEGRADED, PROGRESSING, REMOTE_REACHABLE, TEMPLATE_RESOLVED,
-    VERSION_ACCEPTED,
+    self, AVAILABLE, CONFLICT, DEGRADED, MEMBERS_UNREACHABLE_FROM_CONTROLLER, PROGRESSING,
+    QUORUM_HEALTHY, QUORUM_LOST, REMOTE_REACHABLE, TEMPLATE_RESOLVED, VERSION_ACCEPTED,
 };
 use etcdfleet_api::template::{Resolution, ResolveError};
 use etcdfleet_api::version::{VersionChange, VersionRejection};
@@ -20,7 +20,9 @@ use kube::api::{Api, Patch};
 use kube::{Resource, ResourceExt};
 
 use super::observe::Observed;
-use super::plan::{EtcdObservation, QUORUM_LOSS_HELP, Refusal, Step};
+use super::plan::{
+    EtcdObservation, Observation, QUORUM_LOSS_HELP, QuorumView, Refusal, Step, quorum_view,
+};
 use super::{Context, Error, Result, now};
 use crate::connector::ConnectError;
 use crate::etcd::{AlarmKind, ClusterHealth};
@@ -93,7 +95,8 @@ impl Report {
                 RESTORE_FAILED,
                 false,
                 "SnapshotVerified",
-                "the snapshot exists with the recorded size and SHA-256",
+                "the snapshot exists with the recorded size and SHA-256, and was written by an \
+                 etcd minor that spec.version may run on",
             ),
             super::plan::RestoreGate::NotNeeded => {}
         }
@@ -123,6 +126,54 @@ impl Report {
             &mut self.new.conditions,
             conditions::condition(type_, status, reason, message, self.generation, now()),
         );
+    }
+
+    fn set_unknown(&mut self, type_: &str, reason: &str, message: impl Into<String>) {
+        conditions::set_condition(
+            &mut self.new.conditions,
+            conditions::unknown_condition(type_, reason, message, self.generation, now()),
+        );
+    }
+
+    /// `Available` (and, when the controller is cut off, `Degraded`) from
+    /// what the members answer and what their pods' health checks say (see
+    /// [`quorum_view`]). `why`: why no member answered at all, if none did.
+    fn quorum(&mut self, obs: &Observation, why: Option<&str>) {
+        match quorum_view(obs) {
+            QuorumView::Healthy { healthy, voters } => self.set(
+                AVAILABLE,
+                true,
+                QUORUM_HEALTHY,
+                format!("{healthy} of {voters} voting members healthy"),
+            ),
+            QuorumView::Unreachable(cut) => {
+                let message = cut.describe(why);
+                self.set_unknown(AVAILABLE, MEMBERS_UNREACHABLE_FROM_CONTROLLER, &message);
+                self.set_unknown(DEGRADED, MEMBERS_UNREACHABLE_FROM_CONTROLLER, message);
+            }
+            QuorumView::Lost { healthy, voters } => {
+                let message = match why {
+                    Some(why) => format!(
+                        "none of the {voters} known voting members answers ({why}) and their \
+                         pods do not pass etcd's health check either; {QUORUM_LOSS_HELP}"
+                    ),
+                    None => format!(
+                        "only {healthy} of {voters} voting members healthy; etcd cannot serve \
+                         writes; {QUORUM_LOSS_HELP}"
+                    ),
+                };
+                self.set(AVAILABLE, false, QUORUM_LOST, message);
+            }
+            QuorumView::NotStarted => self.set(
+                AVAILABLE,
+                false,
+                "NoMemberAnswers",
+                format!(
+                    "no etcd member answers: {}",
+                    why.unwrap_or("no voting member")
+                ),
+            ),
+        }
     }
 
     /// Why the reconcile could not go on (for `Outcome::Blocked`).
@@ -262,28 +313,13 @@ impl Report {
                 EtcdObservation::Observed(_) => String::new(),
             };
             self.new.ready_members = 0;
-            let known = self.old.members.iter().filter(|m| !m.learner).count();
-            if known > 0 {
-                self.set(
-                    AVAILABLE,
-                    false,
-                    "QuorumLost",
-                    format!("none of the {known} known voting members answers: {why}; {QUORUM_LOSS_HELP}"),
-                );
-            } else {
-                self.set(
-                    AVAILABLE,
-                    false,
-                    "NoMemberAnswers",
-                    format!("no etcd member answers: {why}"),
-                );
-            }
             self.set(
                 DEGRADED,
                 true,
                 "NoMemberAnswers",
                 format!("no etcd member answers: {why}"),
             );
+            self.quorum(&observed.planner, Some(&why));
             return;
         };
         let leader = health.leader();
@@ -370,28 +406,8 @@ impl Report {
                     nospace.join(", ")
                 ),
             );
-        } else if health.has_quorum() {
-            self.set(
-                AVAILABLE,
-                true,
-                "QuorumHealthy",
-                format!(
-                    "{} of {} voting members healthy",
-                    health.healthy_voter_count(),
-                    health.voter_count()
-                ),
-            );
         } else {
-            self.set(
-                AVAILABLE,
-                false,
-                "QuorumLost",
-                format!(
-                    "only {} of {} voting members healthy; etcd cannot serve writes; {QUORUM_LOSS_HELP}",
-                    health.healthy_voter_count(),
-                    health.voter_count()
-                ),
-            );
+            self.quorum(&observed.planner, None);
         }
         if !corrupt.is_empty() || !nospace.is_empty() {
             let (reason, who) = if corrupt.is_empty() {

@@ -4,7 +4,7 @@
 //! memory); the judgement is `etcdfleet_api::restore`'s, the decision the
 //! cluster planner's ([`RestoreGate`]).
 
-use etcdfleet_api::restore::{self as api, ObjectCheck, RestoreRecord};
+use etcdfleet_api::restore::{self as api, ObjectCheck, RestoreRecord, RestoreSource};
 use etcdfleet_api::{EtcdBackup, EtcdCluster};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -12,8 +12,10 @@ use tracing::info;
 
 use crate::backup::store::{Store, StoreError, read_credentials};
 use crate::etcdcluster::plan::{Observation, Refusal, RestoreGate};
+use snapshot::SnapshotScanner;
 
 pub mod seed;
+pub mod snapshot;
 
 /// `RestoreFailed` reason when PVCs of the cluster's members already exist.
 pub const KEPT_VOLUMES: &str = "KeptVolumes";
@@ -49,13 +51,17 @@ pub fn kept_volumes(pvcs: &[String]) -> Option<RestoreGate> {
     }))
 }
 
-/// Resolves the restore source of `cluster` and reads its object back.
-/// A failure to reach the management API is an error (retried); everything
-/// about the snapshot itself is a verdict. A verified snapshot comes back as
-/// the record the seeder is rendered from (`status.restore`).
+/// Resolves the restore source of `cluster` and reads its object back,
+/// reading on the way which etcd wrote it ([`snapshot`]): a snapshot that
+/// `requested_version` (the spec's) may not run on is refused like a
+/// corrupt one. A failure to reach the management API is an error
+/// (retried); everything about the snapshot itself is a verdict. A verified
+/// snapshot comes back as the record the seeder is rendered from
+/// (`status.restore`).
 pub async fn gate(
     management: &kube::Client,
     cluster: &EtcdCluster,
+    requested_version: &str,
     default_seeder_image: &str,
 ) -> Result<Result<RestoreRecord, RestoreGate>, kube::Error> {
     let Some(source) = cluster
@@ -67,18 +73,12 @@ pub async fn gate(
         return Ok(Err(RestoreGate::NotNeeded));
     };
     let ns = cluster.namespace().unwrap_or_default();
-    let backup = match &source.backup_name {
-        Some(name) => Api::<EtcdBackup>::namespaced(management.clone(), &ns)
-            .get_opt(name)
-            .await?
-            .map(|b| b.status),
-        None => None,
-    };
-    let resolved = match api::resolve_source(source, backup.as_ref().map(|s| s.as_ref())) {
+    let resolved = match resolve(management, &ns, source).await? {
         Ok(r) => r,
         Err(refusal) => return Ok(Err(refused(refusal))),
     };
-    let check = match read_object(management, &ns, &resolved).await {
+    let mut scanner = SnapshotScanner::default();
+    let check = match read_object(management, &ns, &resolved, &mut scanner).await {
         Ok((size, sha256)) => ObjectCheck::Read { size, sha256 },
         Err(StoreError::NotFound(_)) => ObjectCheck::NotFound,
         Err(StoreError::Api(e)) => return Err(e),
@@ -87,12 +87,45 @@ pub async fn gate(
     if let Err(refusal) = api::judge_object(&resolved, &check) {
         return Ok(Err(refused(refusal)));
     }
-    info!(cluster = %cluster.name_any(), object = %resolved.object_key, "restore snapshot verified");
+    let written_by = scanner.finish();
+    if let Err(refusal) = api::judge_version(&resolved, &written_by, requested_version) {
+        return Ok(Err(version_refused(refusal)));
+    }
+    info!(cluster = %cluster.name_any(), object = %resolved.object_key, ?written_by, "restore snapshot verified");
+    Ok(Ok(record(source, resolved, &check, default_seeder_image)))
+}
+
+/// The restore source resolved against its `EtcdBackup`, if it names one.
+async fn resolve(
+    management: &kube::Client,
+    ns: &str,
+    source: &RestoreSource,
+) -> Result<Result<api::ResolvedRestore, api::Refusal>, kube::Error> {
+    let backup = match &source.backup_name {
+        Some(name) => Api::<EtcdBackup>::namespaced(management.clone(), ns)
+            .get_opt(name)
+            .await?
+            .map(|b| b.status),
+        None => None,
+    };
+    Ok(api::resolve_source(
+        source,
+        backup.as_ref().map(|s| s.as_ref()),
+    ))
+}
+
+/// What `status.restore` records of a verified snapshot.
+fn record(
+    source: &RestoreSource,
+    resolved: api::ResolvedRestore,
+    check: &ObjectCheck,
+    default_seeder_image: &str,
+) -> RestoreRecord {
     let size_bytes = match check {
-        ObjectCheck::Read { size, .. } => i64::try_from(size).ok(),
+        ObjectCheck::Read { size, .. } => i64::try_from(*size).ok(),
         _ => None,
     };
-    Ok(Ok(RestoreRecord {
+    RestoreRecord {
         backup_name: source.backup_name.clone(),
         destination: resolved.destination,
         object_key: resolved.object_key,
@@ -107,19 +140,34 @@ pub async fn gate(
                 .strftime("%Y-%m-%dT%H:%M:%SZ")
                 .to_string(),
         ),
-    }))
+    }
 }
 
+/// Streams the object through SHA-256 and `scanner` (bounded memory).
 async fn read_object(
     management: &kube::Client,
     ns: &str,
     resolved: &api::ResolvedRestore,
+    scanner: &mut SnapshotScanner,
 ) -> Result<(u64, String), StoreError> {
     let credentials = read_credentials(management, ns, &resolved.destination).await?;
     let store = Store::open(&resolved.destination, credentials.as_ref())?;
     store
-        .read_through::<tokio::io::Sink>(&resolved.object_key, None)
+        .read_through(&resolved.object_key, Some(scanner))
         .await
+}
+
+/// A snapshot the spec's version may not run: the fix is in the spec
+/// (`spec.version` can change until the cluster is bootstrapped), not in
+/// the backup.
+fn version_refused(r: api::Refusal) -> RestoreGate {
+    RestoreGate::Refused(Refusal {
+        reason: r.reason,
+        message: format!(
+            "restore refused before any workload object was written: {}",
+            r.message
+        ),
+    })
 }
 
 fn refused(r: api::Refusal) -> RestoreGate {

@@ -174,6 +174,7 @@ pub async fn seed(req: &SeedRequest) -> Result<SeedOutcome, SeedError> {
         object_key: req.object_key.clone(),
         sha256: req.sha256.clone(),
         size_bytes: req.size_bytes,
+        etcd_version: None,
     };
     if let Err(r) = judge_object(&expected, &check) {
         let _ = tokio::fs::remove_file(&download).await;
