@@ -550,11 +550,12 @@ fn apiserver_args(dir: &Path, storage: &StorageEtcd, name: &str, port: u16) -> V
     ]
 }
 
-/// Metadata of every request at `ResponseComplete`, nothing at other
-/// stages (one line per request).
+/// Metadata of every request when its response starts (long-running ones:
+/// watches, port-forward tunnels, which complete only when they close) and
+/// completes ([`AuditLog`] keeps the first of the two per request).
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
-omitStages: [RequestReceived, ResponseStarted, Panic]
+omitStages: [RequestReceived, Panic]
 rules:
 - level: Metadata
 ";

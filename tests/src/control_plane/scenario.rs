@@ -74,6 +74,19 @@ pub fn wait_available(world: &KubeWorld, name: &str) -> Result<String> {
     ])
 }
 
+/// `kubectl wait` until the status counts `members` ready members (a new
+/// cluster is Available with its first member, before it has grown).
+pub fn wait_ready_members(world: &KubeWorld, name: &str, members: u32) -> Result<String> {
+    world.kubectl(&[
+        "wait",
+        &format!("--for=jsonpath={{.status.readyMembers}}={members}"),
+        "--timeout=180s",
+        "-n",
+        NS,
+        &format!("etcdcluster/{name}"),
+    ])
+}
+
 /// Client URLs (pod IPs) of members `0..members` and the controller's
 /// client configuration for the cluster.
 pub async fn etcd_of(

@@ -156,6 +156,29 @@ impl KubeWorld {
         Ok(())
     }
 
+    /// The controller configuration as installed: the file the shipped
+    /// Deployment mounts from its (generated, hash-suffixed) ConfigMap.
+    pub fn installed_controller_config(&self) -> Result<String> {
+        let config_map = self.kubectl(&[
+            "get",
+            "deployment",
+            "etcdfleet-controller",
+            "-n",
+            CONTROLLER_NAMESPACE,
+            "-o",
+            "jsonpath={.spec.template.spec.volumes[?(@.configMap)].configMap.name}",
+        ])?;
+        self.kubectl(&[
+            "get",
+            "configmap",
+            config_map.trim(),
+            "-n",
+            CONTROLLER_NAMESPACE,
+            "-o",
+            "jsonpath={.data.config\\.yaml}",
+        ])
+    }
+
     /// A token of the controller's ServiceAccount (`TokenRequest`, as a pod
     /// would mount it), once the shipped RBAC created it.
     pub async fn controller_token(&self) -> Result<String> {
