@@ -12,11 +12,11 @@ tools:
 rust-tools:
 	@command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 
-# nextest runs every test (unit, integration, end to end) each in its own
-# process, so a test's etcd processes never outlive it. The crates have no doc tests.
+# nextest runs every test (unit, integration, end to end, the real
+# control-plane tier) each in its own process, so a test's etcd and
+# Kubernetes processes never outlive it. The crates have no doc tests.
 test: tools rust-tools
 	cargo nextest run --workspace --all-targets --no-fail-fast
-	ETCDFLEET_DIALER=portForward cargo nextest run --workspace --test e2e_lifecycle --test e2e_versions --no-fail-fast
 
 # The lifecycle and version suites with the controller reaching etcd only
 # through pods/portforward tunnels (the production default dialer).
