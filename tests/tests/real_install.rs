@@ -6,13 +6,13 @@
 
 use anyhow::{Context as _, Result};
 use etcdfleet_tests::control_plane::scenario::{
-    cluster_yaml, installed_world, put, read_everywhere, wait_ready_members,
+    cluster_yaml, installed_world_running, put, read_everywhere, wait_ready_members,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_install_of_the_dev_stage_runs_the_controller_deployment_which_converges_a_cluster()
 -> Result<()> {
-    let Some(world) = installed_world(&["w1"]).await? else {
+    let Some(world) = installed_world_running(&["w1"]).await? else {
         return Ok(());
     };
     let logs = || world.management_kubelet.runtime.all_pod_logs(30);

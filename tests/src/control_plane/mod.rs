@@ -30,7 +30,7 @@
 mod audit;
 mod nodes;
 pub mod scenario;
-mod world;
+pub mod world;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
