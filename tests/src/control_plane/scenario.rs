@@ -174,6 +174,17 @@ pub async fn installed_world(workloads: &[&str]) -> Result<Option<KubeWorld>> {
         "deployment/etcdfleet-controller",
         "--replicas=0",
     ])?;
+    // Its pod may have started already: gone before the test acts.
+    world.kubectl(&[
+        "wait",
+        "--for=delete",
+        "pod",
+        "-n",
+        super::world::CONTROLLER_NAMESPACE,
+        "-l",
+        "app.kubernetes.io/component=controller",
+        "--timeout=60s",
+    ])?;
     Ok(Some(world))
 }
 
