@@ -569,6 +569,10 @@ struct Inner {
     hosts_file: PathBuf,
     names: Mutex<BTreeMap<String, Ipv4Addr>>,
     state: tokio::sync::Mutex<State>,
+    /// Node mode: the PV host paths (the host-path provisioner's
+    /// directories) its pods mounted, removed with the runtime: the control
+    /// plane that would delete them stops with the test.
+    host_volumes: Mutex<BTreeSet<PathBuf>>,
 }
 
 /// One fake workload cluster's StatefulSet controller + kubelet. See the module docs.
@@ -702,6 +706,7 @@ impl WorkloadRuntime {
                 root,
                 hosts_file,
                 names: Mutex::new(BTreeMap::new()),
+                host_volumes: Mutex::new(BTreeSet::new()),
                 state: tokio::sync::Mutex::new(State {
                     hosts_content: base,
                     ..State::default()
@@ -938,6 +943,10 @@ impl Drop for Inner {
                 self.server_url,
                 path.display()
             );
+            return;
+        }
+        for volume in self.host_volumes.lock().expect("lock").iter() {
+            let _ = fs::remove_dir_all(volume);
         }
     }
 }
@@ -1373,9 +1382,13 @@ impl Inner {
                 let pv = Api::<PersistentVolume>::all(self.client.clone())
                     .get_opt(&volume)
                     .await?;
-                Ok(pv
+                let path = pv
                     .and_then(|pv| pv.spec?.host_path)
-                    .map(|h| PathBuf::from(h.path)))
+                    .map(|h| PathBuf::from(h.path));
+                if let Some(p) = &path {
+                    self.host_volumes.lock().expect("lock").insert(p.clone());
+                }
+                Ok(path)
             }
         }
     }
