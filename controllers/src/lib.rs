@@ -13,6 +13,7 @@ pub mod pki;
 pub mod render;
 pub mod restore;
 pub mod runner;
+pub mod store;
 pub mod telemetry;
 
 /// Parameters of the controller's non-apply patches: every write names the

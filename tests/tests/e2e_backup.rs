@@ -18,7 +18,7 @@ use etcdfleet_api::{
     RetentionPolicy,
 };
 use etcdfleet_controllers::backup::schedule::{ScheduleOutcome, reconcile_schedule};
-use etcdfleet_controllers::backup::store::{Credentials, Store};
+use etcdfleet_controllers::store::{Credentials, Store};
 use etcdfleet_controllers::backup::{Clock, Context as BackupContext, Outcome, reconcile_backup};
 use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
 use etcdfleet_tests::driver::TestController;

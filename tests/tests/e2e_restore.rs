@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::backup::phase;
 use etcdfleet_api::restore::{BootstrapSpec, RESTORE_FAILED, RestoreSource, reason};
 use etcdfleet_api::{EtcdBackup, EtcdBackupSpec, EtcdCluster, ObjectStoreDestination};
-use etcdfleet_controllers::backup::store::{Credentials, Store};
+use etcdfleet_controllers::store::{Credentials, Store};
 use etcdfleet_controllers::backup::{
     Context as BackupContext, Outcome as BackupOutcome, reconcile_backup,
 };

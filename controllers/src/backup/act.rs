@@ -12,7 +12,7 @@ use kube::{Resource, ResourceExt};
 
 use super::Context;
 use super::plan::{SnapshotSource, choose_source};
-use super::store::{Store, StoreError, read_credentials};
+use crate::store::{Store, StoreError, read_credentials};
 use crate::connector::{ConnectError, KubeconfigLocation};
 use crate::etcd::{EtcdError, MemberClient};
 use crate::etcdcluster::{self, observe, resolve, status::Report};

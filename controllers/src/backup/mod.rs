@@ -15,7 +15,6 @@ pub mod act;
 pub mod plan;
 pub mod schedule;
 pub mod status;
-pub mod store;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -24,7 +24,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
-use super::store::{Store, read_credentials};
+use crate::store::{Store, read_credentials};
 use super::{Context, Error, Result};
 
 /// What the schedule planner needs to know.

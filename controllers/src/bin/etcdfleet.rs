@@ -202,7 +202,7 @@ struct SeedArgs {
 }
 
 fn restore_seed(args: &SeedArgs) -> ExitCode {
-    use etcdfleet_controllers::backup::store::Credentials;
+    use etcdfleet_controllers::store::Credentials;
     use etcdfleet_controllers::restore::seed::{self, SeedRequest};
     let destination = match serde_json::from_str(&args.destination) {
         Ok(d) => d,

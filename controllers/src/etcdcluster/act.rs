@@ -359,14 +359,14 @@ async fn write_restore_credentials(
         return Ok(());
     }
     let names = inputs.names();
-    let credentials = crate::backup::store::read_credentials(
+    let credentials = crate::store::read_credentials(
         &ctx.management,
         &cluster.namespace().unwrap_or_default(),
         &record.destination,
     )
     .await
     .map_err(|e| match e {
-        crate::backup::store::StoreError::Api(e) => {
+        crate::store::StoreError::Api(e) => {
             RestoreSecretError::Other(Error::ManagementApi(e))
         }
         other => RestoreSecretError::Other(Error::Invalid(format!("restore credentials: {other}"))),

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use tracing::info;
 
-use crate::backup::store::{Store, StoreError, read_credentials};
+use crate::store::{Store, StoreError, read_credentials};
 use crate::etcdcluster::plan::{Observation, Refusal, RestoreGate};
 use snapshot::SnapshotScanner;
 
