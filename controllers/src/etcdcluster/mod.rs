@@ -579,10 +579,12 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
     // A cluster restoring from a snapshot checks it before its first write:
     // no member volume may exist yet, and the object must verify. The
     // verified record is what the seeder is rendered from, from now on.
-    if crate::restore::needed(cluster, &observed.planner) {
+    let bootstrapped =
+        observed.planner.statefulset.is_some() || observed.planner.known_voters > 0;
+    if crate::restore::needed(cluster, bootstrapped) {
         let kept: Vec<String> = observed.pvcs.values().map(|p| p.name_any()).collect();
         let gate = match crate::restore::kept_volumes(&kept) {
-            Some(refused) => refused,
+            Some(refused) => plan::RestoreGate::Refused(refused.into()),
             None => {
                 let requested = resolved.inputs.version.clone();
                 let verdict = traced(step_span("restore", key), async {
@@ -597,12 +599,13 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
                 })
                 .await?;
                 match verdict {
-                    Ok(record) => {
+                    Some(Ok(record)) => {
                         report.record_restore(&record);
                         resolved.inputs.restore = Some(record);
                         plan::RestoreGate::Verified
                     }
-                    Err(gate) => gate,
+                    Some(Err(refused)) => plan::RestoreGate::Refused(refused.into()),
+                    None => plan::RestoreGate::NotNeeded,
                 }
             }
         };

@@ -25,6 +25,16 @@ pub struct Refusal {
     pub message: String,
 }
 
+/// A restore's snapshot that cannot be used, as the restore gate says it.
+impl From<etcdfleet_api::restore::Refusal> for Refusal {
+    fn from(r: etcdfleet_api::restore::Refusal) -> Self {
+        Refusal {
+            reason: r.reason,
+            message: r.message,
+        }
+    }
+}
+
 /// Why a member is removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RemovalCause {
