@@ -27,7 +27,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::ControllerConfig;
 use crate::connector::{ConnectorSettings, KubeconfigClientFactory, WorkloadClusterConnector};
-use crate::etcdcluster::{self, Context};
+use crate::etcdcluster::{self, Context, ReconcilerSettings};
 use crate::http::{Health, serve_http};
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
@@ -352,7 +352,7 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
             client.clone(),
             connector,
             config.dialer.build(),
-            config.reconciler_settings(),
+            ReconcilerSettings::from_config(&config),
             metrics.clone(),
         )
         .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c))),

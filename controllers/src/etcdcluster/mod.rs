@@ -32,6 +32,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::field::Empty;
 use tracing::{Instrument, Span, info, info_span, warn};
 
+use crate::config::ControllerConfig;
 use crate::connector::{ConnectError, KubeconfigLocation, WorkloadClusterConnector};
 use crate::dialer::EtcdDialer;
 use crate::etcd::{Deadlines, EtcdError};
@@ -68,10 +69,19 @@ pub struct ReconcilerSettings {
 }
 
 impl Default for ReconcilerSettings {
+    /// The settings of a default controller configuration.
     fn default() -> Self {
+        Self::from_config(&ControllerConfig::default())
+    }
+}
+
+impl ReconcilerSettings {
+    /// The settings a controller configuration gives: its timings and seeder
+    /// image; the other settings are the reconciler's own.
+    pub fn from_config(config: &ControllerConfig) -> Self {
         ReconcilerSettings {
-            member_failure_grace: Duration::from_secs(120),
-            deletion_timeout: Duration::from_secs(600),
+            member_failure_grace: Duration::from_secs(config.member_failure_grace_seconds),
+            deletion_timeout: Duration::from_secs(config.deletion_timeout_seconds),
             etcd_deadlines: Deadlines {
                 connect: Duration::from_secs(3),
                 request: Duration::from_secs(5),
@@ -81,11 +91,11 @@ impl Default for ReconcilerSettings {
                 defragment: Duration::from_secs(120),
                 snapshot: Duration::from_secs(600),
             },
-            requeue_converged: Duration::from_secs(60),
+            requeue_converged: Duration::from_secs(config.requeue_converged_seconds),
             requeue_progress: Duration::from_secs(2),
             cert_renew_before: Duration::from_secs(30 * 86400),
             reread_after: Duration::from_secs(10 * 60),
-            seeder_image: crate::config::DEFAULT_SEEDER_IMAGE.to_string(),
+            seeder_image: config.seeder_image.clone(),
         }
     }
 }
