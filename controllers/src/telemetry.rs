@@ -27,8 +27,8 @@ use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-pub use crate::config::TracingConfig;
 use crate::config::LogFormat;
+pub use crate::config::TracingConfig;
 
 /// Service name of the exported spans unless `OTEL_SERVICE_NAME` says otherwise.
 pub const SERVICE_NAME: &str = "etcdfleet-controller";

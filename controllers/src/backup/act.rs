@@ -12,10 +12,10 @@ use kube::{Resource, ResourceExt};
 
 use super::Context;
 use super::plan::{SnapshotSource, choose_source};
-use crate::store::{Store, StoreError, read_credentials};
 use crate::connector::{ConnectError, KubeconfigLocation};
 use crate::etcd::{EtcdError, MemberClient};
 use crate::etcdcluster::{self, observe, resolve, status::Report};
+use crate::store::{Store, StoreError, read_credentials};
 
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]

@@ -24,8 +24,8 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
-use crate::store::{Store, read_credentials};
 use super::{Context, Error, Result};
+use crate::store::{Store, read_credentials};
 
 /// What the schedule planner needs to know.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -366,9 +366,7 @@ async fn write_restore_credentials(
     )
     .await
     .map_err(|e| match e {
-        crate::store::StoreError::Api(e) => {
-            RestoreSecretError::Other(Error::ManagementApi(e))
-        }
+        crate::store::StoreError::Api(e) => RestoreSecretError::Other(Error::ManagementApi(e)),
         other => RestoreSecretError::Other(Error::Invalid(format!("restore credentials: {other}"))),
     })?;
     let Some(credentials) = credentials else {
