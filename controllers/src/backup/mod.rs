@@ -29,7 +29,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use tracing::warn;
 
-use crate::etcdcluster;
+use crate::access::Access;
 use plan::{BackupObservation, BackupPlan};
 
 /// The time source of the backup reconcilers (tests move it forward).
@@ -40,27 +40,39 @@ pub fn system_clock() -> Clock {
     Arc::new(Timestamp::now)
 }
 
-/// Everything a backup reconcile needs. The cluster reconciler's context
-/// provides the management client, the workload connector, the etcd dialer,
-/// deadlines, metrics and the event recorder.
+/// What the backup reconcilers reach the clusters through: the management
+/// client, the workload connector, the etcd dialer and deadlines, metrics,
+/// the event recorder and ownership ([`Access`]; the cluster reconciler's
+/// context is one).
+pub type SharedAccess = Arc<dyn AsRef<Access> + Send + Sync>;
+
+/// Everything a backup reconcile needs.
 pub struct Context {
-    pub cluster: Arc<etcdcluster::Context>,
+    shared: SharedAccess,
     pub clock: Clock,
     /// Clusters (`namespace/name`) with a backup streaming in this process.
     busy_clusters: Mutex<HashSet<String>>,
 }
 
 impl Context {
-    pub fn new(cluster: Arc<etcdcluster::Context>) -> Self {
-        Self::with_clock(cluster, system_clock())
+    pub fn new<C: AsRef<Access> + Send + Sync + 'static>(shared: Arc<C>) -> Self {
+        Self::with_clock(shared, system_clock())
     }
 
-    pub fn with_clock(cluster: Arc<etcdcluster::Context>, clock: Clock) -> Self {
+    pub fn with_clock<C: AsRef<Access> + Send + Sync + 'static>(
+        shared: Arc<C>,
+        clock: Clock,
+    ) -> Self {
         Context {
-            cluster,
+            shared,
             clock,
             busy_clusters: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// How the clusters are reached.
+    pub fn access(&self) -> &Access {
+        (*self.shared).as_ref()
     }
 
     pub fn now(&self) -> Timestamp {
@@ -119,7 +131,7 @@ pub enum Outcome {
 /// A running backup whose start is older than this was left by a controller
 /// that stopped mid-stream: it no longer blocks others and is retried.
 fn stale_after(ctx: &Context) -> Duration {
-    ctx.cluster.settings.etcd_deadlines.snapshot + Duration::from_secs(120)
+    ctx.access().etcd_deadlines.snapshot + Duration::from_secs(120)
 }
 
 /// Why `cluster` cannot be backed up now, if it cannot.
@@ -132,7 +144,7 @@ pub fn cluster_not_ready(cluster: Option<&EtcdCluster>, name: &str) -> Option<St
         && (status.and_then(|s| s.template.as_ref()).is_none()
             || cluster
                 .annotations()
-                .contains_key(etcdcluster::resolve::REBASE_ANNOTATION))
+                .contains_key(etcdfleet_api::template::REBASE_ANNOTATION))
     {
         return Some(format!(
             "EtcdCluster {name} has not resolved its template yet"
@@ -170,16 +182,15 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
     ) {
         return Ok(Outcome::Done);
     }
-    let mgmt = &ctx.cluster.management;
+    let mgmt = &ctx.access().management;
 
     // observe
     let cluster = Api::<EtcdCluster>::namespaced(mgmt.clone(), &ns)
         .get_opt(cluster_name)
         .await
         .map_err(Error::ManagementApi)?;
-    if let Some(owns) = &ctx.cluster.owner_filter
-        && let Some(c) = &cluster
-        && !owns(c)
+    if let Some(c) = &cluster
+        && !ctx.access().owns(c)
     {
         return Ok(Outcome::Waiting {
             why: "the cluster is not owned by this controller".into(),
@@ -241,7 +252,7 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
             // report
             match result {
                 Ok(taken) => {
-                    ctx.cluster.metrics.observe_backup_success(
+                    ctx.access().metrics.observe_backup_success(
                         &cluster_key,
                         taken.size_bytes,
                         started.elapsed(),
@@ -252,7 +263,7 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
                     Ok(Outcome::Succeeded { object_key: key })
                 }
                 Err(e) => {
-                    ctx.cluster
+                    ctx.access()
                         .metrics
                         .observe_backup_failure(&cluster_key, e.reason());
                     status::attempt_failed(backup, &cluster, ctx, attempt, &e).await?;
@@ -270,8 +281,9 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
 /// or the given ones) until `shutdown()` resolves. Owner filtering follows
 /// the cluster reconciler's: a backup of a cluster another controller owns
 /// is left alone.
-pub async fn run<F, Fut>(cluster_ctx: Arc<etcdcluster::Context>, namespaces: &[String], shutdown: F)
+pub async fn run<C, F, Fut>(cluster_ctx: Arc<C>, namespaces: &[String], shutdown: F)
 where
+    C: AsRef<Access> + Send + Sync + 'static,
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
@@ -280,7 +292,7 @@ where
     use kube::runtime::{Controller, watcher};
 
     let ctx = Arc::new(Context::new(cluster_ctx));
-    let client = ctx.cluster.management.clone();
+    let client = ctx.access().management.clone();
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
         vec![None]
     } else {

@@ -112,7 +112,7 @@ pub async fn reconcile_schedule(
 ) -> Result<ScheduleOutcome> {
     let ns = schedule.namespace().unwrap_or_default();
     let name = schedule.name_any();
-    let mgmt = &ctx.cluster.management;
+    let mgmt = &ctx.access().management;
     let now = ctx.now();
     let old = schedule.status.clone().unwrap_or_default();
     let mut status = old.clone();
@@ -123,9 +123,8 @@ pub async fn reconcile_schedule(
         .get_opt(&schedule.spec.cluster_name)
         .await
         .map_err(Error::ManagementApi)?;
-    if let Some(owns) = &ctx.cluster.owner_filter
-        && let Some(c) = &cluster
-        && !owns(c)
+    if let Some(c) = &cluster
+        && !ctx.access().owns(c)
     {
         return Ok(ScheduleOutcome::Invalid(
             "not owned by this controller".into(),
@@ -331,7 +330,7 @@ async fn prune(ctx: &Context, ns: &str, backup: &EtcdBackup) -> Result<()> {
         s.and_then(|s| s.object_key.as_ref()),
     ) {
         let removed = async {
-            let credentials = read_credentials(&ctx.cluster.management, ns, destination).await?;
+            let credentials = read_credentials(&ctx.access().management, ns, destination).await?;
             let store = Store::open(destination, credentials.as_ref())?;
             store.delete(key).await?;
             store.delete(&metadata_key(key)).await
@@ -342,7 +341,7 @@ async fn prune(ctx: &Context, ns: &str, backup: &EtcdBackup) -> Result<()> {
             return Ok(());
         }
     }
-    let api: Api<EtcdBackup> = Api::namespaced(ctx.cluster.management.clone(), ns);
+    let api: Api<EtcdBackup> = Api::namespaced(ctx.access().management.clone(), ns);
     // Delete exactly the EtcdBackup whose objects were just removed: a
     // same-named backup created since (a schedule retrying its name) has
     // another UID and is left alone (409 from the precondition).
@@ -370,7 +369,7 @@ async fn write(
         return Ok(());
     }
     let api: Api<EtcdBackupSchedule> = Api::namespaced(
-        ctx.cluster.management.clone(),
+        ctx.access().management.clone(),
         &schedule.namespace().unwrap_or_default(),
     );
     let mut patch = serde_json::to_value(new).unwrap_or_default();
