@@ -346,7 +346,7 @@ impl<'a> Run<'a> {
         };
         ctx.connector.record_success(location);
         self.report.remote_reachable(&workload.server);
-        self.report.observed(&observed);
+        self.report.observed(&observed.planner);
         let bootstrapped =
             observed.planner.statefulset.is_some() || observed.planner.known_voters > 0;
         if crate::restore::needed(cluster, bootstrapped) {
