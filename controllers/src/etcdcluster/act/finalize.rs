@@ -11,7 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::super::context::{Context, Error, FINALIZER, Outcome, Result};
-use super::delete_exact;
+use super::target::delete_exact;
 use crate::connector::{ConnectError, KubeconfigLocation};
 use crate::render::{self, Names};
 

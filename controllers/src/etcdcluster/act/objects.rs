@@ -15,7 +15,8 @@ use kube::{Resource, ResourceExt};
 
 use super::super::context::{Context, Error, Result};
 use super::super::plan::ObjectKind;
-use super::{CERT_VALIDITY_DAYS, Target, apply, pki};
+use super::pki;
+use super::target::{CERT_VALIDITY_DAYS, Target, apply};
 use crate::access::read_pki;
 use crate::pki::{CertUsage, LeafSpec};
 use crate::render::{self, RenderInputs};

@@ -11,7 +11,7 @@ use kube::api::{Api, ObjectMeta, Patch, PostParams};
 use kube::{Resource, ResourceExt};
 
 use super::super::context::{Context, Error, Result};
-use super::CERT_VALIDITY_DAYS;
+use super::target::CERT_VALIDITY_DAYS;
 use crate::access::{PKI_CA_CERT, PKI_CA_KEY, PKI_CLIENT_CERT, PKI_CLIENT_KEY, Pki};
 use crate::pki::{CertificateAuthority, LeafSpec};
 use crate::render::Names;
