@@ -19,7 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::types::{BackupSpec, DURATION_RULE, ObjectStoreDestination};
+use crate::destination::{BackupSpec, DURATION_RULE, ObjectStoreDestination};
 
 /// Label on an `EtcdBackup` naming the cluster it is of.
 pub const CLUSTER_LABEL: &str = "etcdfleet.dev/cluster";

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::EtcdBackupStatus;
 use crate::backup::phase;
-use crate::types::ObjectStoreDestination;
+use crate::destination::ObjectStoreDestination;
 
 /// How a new cluster starts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
