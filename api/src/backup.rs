@@ -251,6 +251,9 @@ pub enum BackupConfigError {
     NoDestination,
 }
 
+/// A parsed cron schedule ([`parse_schedule`]).
+pub type CronSchedule = croner::Cron;
+
 /// Parses a five-field cron expression (no seconds field).
 pub fn parse_schedule(schedule: &str) -> Result<croner::Cron, BackupConfigError> {
     let bad = |message: String| BackupConfigError::BadSchedule {
