@@ -716,101 +716,16 @@ fn default_affinity(names: &Names) -> Affinity {
 /// The member StatefulSet. `replicas` is the planner's, not the spec's.
 pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32) -> StatefulSet {
     let names = inputs.names();
-    let mut pod_labels = selector_labels(&names);
-    pod_labels.insert(OWNER_LABEL.to_string(), inputs.owner_label());
-    if let Some(extra) = &inputs.pod.labels {
-        for (k, v) in extra {
-            pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-    }
-    for (k, v) in &profile.extra_pod_labels {
-        pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
-    }
-    let mut mounts = vec![VolumeMount {
-        name: "data".to_string(),
-        mount_path: DATA_MOUNT.to_string(),
-        ..Default::default()
-    }];
-    let mut volumes = vec![];
-    if inputs.tls {
-        for (vol, secret, path) in [
-            ("server-tls", names.server_tls_secret(), SERVER_TLS_MOUNT),
-            ("peer-tls", names.peer_tls_secret(), PEER_TLS_MOUNT),
-        ] {
-            mounts.push(VolumeMount {
-                name: vol.to_string(),
-                mount_path: path.to_string(),
-                read_only: Some(true),
-                ..Default::default()
-            });
-            volumes.push(Volume {
-                name: vol.to_string(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret),
-                    default_mode: Some(0o400),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
-        }
-    }
-    let probe = |failure_threshold: i32, initial_delay: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some("/health?serializable=true".to_string()),
-            port: IntOrString::Int(METRICS_PORT.into()),
-            scheme: Some("HTTP".to_string()),
-            ..Default::default()
-        }),
-        initial_delay_seconds: Some(initial_delay),
-        period_seconds: Some(10),
-        timeout_seconds: Some(5),
-        failure_threshold: Some(failure_threshold),
-        ..Default::default()
-    };
+    let pod_labels = pod_labels(inputs, profile, &names);
+    let (mounts, mut volumes) = member_volumes(inputs, &names);
     let data_mount = mounts[0].clone();
-    let container = Container {
-        name: "etcd".to_string(),
-        image: Some(inputs.image.clone()),
-        image_pull_policy: Some("IfNotPresent".to_string()),
-        command: Some(vec!["etcd".to_string()]),
-        args: Some(etcd_args(inputs)),
-        env: Some(member_env(&names)),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some("client".into()),
-                container_port: CLIENT_PORT.into(),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("peer".into()),
-                container_port: PEER_PORT.into(),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("metrics".into()),
-                container_port: METRICS_PORT.into(),
-                ..Default::default()
-            },
-        ]),
-        resources: inputs.resources.clone(),
-        volume_mounts: Some(mounts),
-        startup_probe: Some(probe(24, 5)),
-        liveness_probe: Some(probe(8, 0)),
-        // Ready = etcd's own health check passes in the pod (the member has a
-        // leader, no alarm): the controller's second vantage point, so a
-        // member it cannot reach but the workload cluster sees healthy is a
-        // network problem, never a member to replace.
-        readiness_probe: Some(probe(3, 0)),
-        ..Default::default()
-    };
+    let container = etcd_container(inputs, &names, mounts);
     let init_containers = inputs.restore.as_ref().map(|record| {
         let (containers, volume) = restore_init_containers(inputs, record, &data_mount);
         volumes.push(volume);
         containers
     });
     let overrides = &inputs.pod;
-    let mut storage_request = BTreeMap::new();
-    storage_request.insert("storage".to_string(), Quantity(inputs.storage_size.clone()));
     let hash = profile.statefulset_hash(inputs);
     StatefulSet {
         metadata: meta(inputs, names.statefulset(), hash.clone()),
@@ -859,23 +774,139 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
                     ..Default::default()
                 }),
             },
-            volume_claim_templates: Some(vec![PersistentVolumeClaim {
-                metadata: ObjectMeta {
-                    name: Some("data".to_string()),
-                    labels: Some(selector_labels(&names)),
-                    ..Default::default()
-                },
-                spec: Some(PersistentVolumeClaimSpec {
-                    access_modes: Some(vec!["ReadWriteOnce".to_string()]),
-                    storage_class_name: inputs.storage_class.clone(),
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(storage_request),
-                        ..Default::default()
-                    }),
+            volume_claim_templates: Some(vec![data_claim_template(inputs, &names)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The member pods' labels: the selector, the owner, then the spec's and the
+/// profile's extra labels (never overriding those).
+fn pod_labels(
+    inputs: &RenderInputs,
+    profile: &RenderProfile,
+    names: &Names,
+) -> BTreeMap<String, String> {
+    let mut pod_labels = selector_labels(names);
+    pod_labels.insert(OWNER_LABEL.to_string(), inputs.owner_label());
+    if let Some(extra) = &inputs.pod.labels {
+        for (k, v) in extra {
+            pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    for (k, v) in &profile.extra_pod_labels {
+        pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    pod_labels
+}
+
+/// The etcd container's mounts (data first) and the pod's Secret volumes.
+fn member_volumes(inputs: &RenderInputs, names: &Names) -> (Vec<VolumeMount>, Vec<Volume>) {
+    let mut mounts = vec![VolumeMount {
+        name: "data".to_string(),
+        mount_path: DATA_MOUNT.to_string(),
+        ..Default::default()
+    }];
+    let mut volumes = vec![];
+    if inputs.tls {
+        for (vol, secret, path) in [
+            ("server-tls", names.server_tls_secret(), SERVER_TLS_MOUNT),
+            ("peer-tls", names.peer_tls_secret(), PEER_TLS_MOUNT),
+        ] {
+            mounts.push(VolumeMount {
+                name: vol.to_string(),
+                mount_path: path.to_string(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+            volumes.push(Volume {
+                name: vol.to_string(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret),
+                    default_mode: Some(0o400),
                     ..Default::default()
                 }),
                 ..Default::default()
-            }]),
+            });
+        }
+    }
+    (mounts, volumes)
+}
+
+/// etcd's own health check (serializable: answered by the member itself).
+fn etcd_probe(failure_threshold: i32, initial_delay: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/health?serializable=true".to_string()),
+            port: IntOrString::Int(METRICS_PORT.into()),
+            scheme: Some("HTTP".to_string()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(initial_delay),
+        period_seconds: Some(10),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(failure_threshold),
+        ..Default::default()
+    }
+}
+
+/// The etcd container.
+fn etcd_container(inputs: &RenderInputs, names: &Names, mounts: Vec<VolumeMount>) -> Container {
+    Container {
+        name: "etcd".to_string(),
+        image: Some(inputs.image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        command: Some(vec!["etcd".to_string()]),
+        args: Some(etcd_args(inputs)),
+        env: Some(member_env(names)),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("client".into()),
+                container_port: CLIENT_PORT.into(),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("peer".into()),
+                container_port: PEER_PORT.into(),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: METRICS_PORT.into(),
+                ..Default::default()
+            },
+        ]),
+        resources: inputs.resources.clone(),
+        volume_mounts: Some(mounts),
+        startup_probe: Some(etcd_probe(24, 5)),
+        liveness_probe: Some(etcd_probe(8, 0)),
+        // Ready = etcd's own health check passes in the pod (the member has a
+        // leader, no alarm): the controller's second vantage point, so a
+        // member it cannot reach but the workload cluster sees healthy is a
+        // network problem, never a member to replace.
+        readiness_probe: Some(etcd_probe(3, 0)),
+        ..Default::default()
+    }
+}
+
+/// The claim template of the members' data volumes.
+fn data_claim_template(inputs: &RenderInputs, names: &Names) -> PersistentVolumeClaim {
+    let mut storage_request = BTreeMap::new();
+    storage_request.insert("storage".to_string(), Quantity(inputs.storage_size.clone()));
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".to_string()),
+            labels: Some(selector_labels(names)),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_string()]),
+            storage_class_name: inputs.storage_class.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(storage_request),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         ..Default::default()
