@@ -17,7 +17,7 @@ pub(super) fn stale_objects(obs: &Observation) -> Option<Plan> {
         .filter(|k| !(*k == ObjectKind::StatefulSet && obs.statefulset.is_none()))
         .filter(|k| *k != ObjectKind::MembersConfigMap || obs.statefulset.is_some())
         .collect();
-    (!others.is_empty()).then(|| Plan::Act(Step::WriteObjects(others)))
+    (!others.is_empty()).then_some(Plan::Act(Step::WriteObjects(others)))
 }
 
 /// Rule: no StatefulSet, so bootstrap creates it. A StatefulSet lost while
