@@ -481,14 +481,17 @@ fn stages_own_disjoint_clusters() {
             strings(&generator["files"]),
             ["config.yaml=controller.yaml"]
         );
-        if *stage == "prod" {
-            let replicas: Value =
-                serde_yaml::from_str(&std::fs::read_to_string(dir.join("replicas.yaml")).unwrap())
-                    .unwrap();
-            assert_eq!(replicas["spec"]["replicas"].as_i64(), Some(2));
-            assert!(strings(&k["patchesStrategicMerge"]).contains(&"replicas.yaml".to_string()));
-        }
     }
+    // prod runs 2 replicas.
+    let prod = repo().join("config/stages/prod");
+    let k: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(prod.join("kustomization.yaml")).unwrap())
+            .unwrap();
+    let replicas: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(prod.join("replicas.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(replicas["spec"]["replicas"].as_i64(), Some(2));
+    assert!(strings(&k["patchesStrategicMerge"]).contains(&"replicas.yaml".to_string()));
     tags.dedup();
     assert_eq!(tags.len(), 3, "each stage pins its own image tag: {tags:?}");
 }
