@@ -30,6 +30,7 @@ use super::requeue::{held_requeue, in_flight_requeue, jitter, requeue_for};
 use super::resolve::Resolved;
 use super::{act, observe, resolve, status};
 use crate::connector::{ConnectError, KubeconfigLocation, WorkloadCluster};
+use crate::metrics::PlanLabel;
 
 /// Entry point for kube-runtime's `Controller`.
 pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action> {
@@ -593,6 +594,19 @@ fn plan_label(plan: &Plan) -> &'static str {
         Plan::Hold(_) => "hold",
         Plan::Refuse(_) => "refuse",
         Plan::Act(step) => step.kind(),
+    }
+}
+
+/// The planner's answer in the plans counter.
+impl PlanLabel for Plan {
+    fn plan_label(&self) -> &'static str {
+        match self {
+            Plan::Act(step) => step.kind(),
+            Plan::Wait(_) => "Wait",
+            Plan::Hold(_) => "Hold",
+            Plan::Converged => "Converged",
+            Plan::Refuse(_) => "Refuse",
+        }
     }
 }
 
