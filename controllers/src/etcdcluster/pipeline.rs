@@ -258,7 +258,7 @@ impl<'a> Run<'a> {
     }
 
     /// Ends the reconcile blocked, after the report stage.
-    async fn blocked(&self, why: String) -> Result<Stage<Outcome>> {
+    async fn blocked<T>(&self, why: String) -> Result<Stage<T>> {
         report_step(&self.report, self.ctx, self.key).await?;
         Ok(Stage::Done(Outcome::Blocked(why)))
     }
@@ -268,10 +268,7 @@ impl<'a> Run<'a> {
         let resolving = resolve::resolve_cluster(self.cluster, self.ctx, &mut self.report);
         match traced(step_span("resolve", self.key), resolving).await? {
             Some(resolved) => Ok(Stage::Next(resolved)),
-            None => {
-                report_step(&self.report, self.ctx, self.key).await?;
-                Ok(Stage::Done(Outcome::Blocked(self.report.blocked_reason())))
-            }
+            None => self.blocked(self.report.blocked_reason()).await,
         }
     }
 
@@ -284,8 +281,7 @@ impl<'a> Run<'a> {
                 .remote_unreachable(&ConnectError::NoClusterReference);
             return self
                 .blocked(ConnectError::NoClusterReference.to_string())
-                .await
-                .map(never_next);
+                .await;
         };
         // identity: the etcd this resource manages stays the one it started
         // with; a spec that points elsewhere is refused before any workload I/O.
@@ -341,7 +337,7 @@ impl<'a> Run<'a> {
                 ctx.memo.forget(&cluster_key(cluster));
                 ctx.connector.record_failure(location, &e);
                 self.report.remote_unreachable(&e);
-                return self.blocked(e.to_string()).await.map(never_next);
+                return self.blocked(e.to_string()).await;
             }
             Err(e) => return Err(e),
         };
@@ -576,13 +572,6 @@ impl<'a> Run<'a> {
     async fn report(self, outcome: Outcome) -> Result<Outcome> {
         report_step(&self.report, self.ctx, self.key).await?;
         Ok(outcome)
-    }
-}
-
-/// A stage that ended the reconcile, as any stage's answer.
-fn never_next<T>(stage: Stage<Outcome>) -> Stage<T> {
-    match stage {
-        Stage::Next(outcome) | Stage::Done(outcome) => Stage::Done(outcome),
     }
 }
 
