@@ -67,20 +67,13 @@ pub const RULES: &[(&str, Rule)] = &[
     ("learner in flight", M(repair::learner_in_flight)),
     ("failed members", M(repair::failed_members)),
     ("stale storage", M(repair::stale_storage)),
+    // Alarms before any change of size or version.
     ("alarms", M(maintenance::alarms)),
-    // Scale.
-    (
-        "scale down: shrink the StatefulSet",
-        M(scale::shrink_statefulset),
-    ),
-    (
-        "scale down: delete removed volumes",
-        M(scale::delete_removed_volumes),
-    ),
-    (
-        "scale down: remove beyond the size",
-        M(scale::remove_beyond_size),
-    ),
+    // Scale: down (shrink after a removal, then its volume, then the next
+    // member), a foreign member reported, then up.
+    ("shrink after a removal", M(scale::shrink_statefulset)),
+    ("delete removed volumes", M(scale::delete_removed_volumes)),
+    ("remove beyond the size", M(scale::remove_beyond_size)),
     ("foreign members", M(scale::foreign_members)),
     ("scale up", M(scale::scale_up)),
     // Version and configuration.
@@ -88,10 +81,7 @@ pub const RULES: &[(&str, Rule)] = &[
     // Maintenance.
     ("defragment", M(maintenance::defragment)),
     ("unhealthy member", M(maintenance::unhealthy_member)),
-    (
-        "refresh volume records",
-        M(maintenance::refresh_volume_records),
-    ),
+    ("volume records", M(maintenance::refresh_volume_records)),
 ];
 
 /// Decides the next step: the first rule of [`RULES`] that answers. Pure.
