@@ -32,9 +32,9 @@ def module_files(src):
 
 
 def code_outside_tests(text):
+    """The file up to its test module, without comment lines."""
     lines = text.split('\n')
     out = []
-    skip_depth = None
     for line in lines:
         if line.startswith('#[cfg(test)]'):
             break
