@@ -19,7 +19,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::destination::{BackupSpec, DURATION_RULE, ObjectStoreDestination};
+use crate::destination::{
+    BackupSpec, CRON_SHAPE_MESSAGE, CRON_SHAPE_RULE, DURATION_RULE, ObjectStoreDestination,
+};
 
 /// Label on an `EtcdBackup` naming the cluster it is of.
 pub const CLUSTER_LABEL: &str = "etcdfleet.dev/cluster";
@@ -187,7 +189,7 @@ pub struct EtcdBackupScheduleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Five space-separated fields; the controller parses the rest and reports
     // an unparsable schedule in the `Scheduled` condition.
-    #[x_kube(validation = Rule::new("self.matches('^[^ ]+( [^ ]+){4}$')").message("schedule must have five space-separated cron fields, e.g. '0 */6 * * *'"))]
+    #[x_kube(validation = Rule::new(CRON_SHAPE_RULE).message(CRON_SHAPE_MESSAGE))]
     pub schedule: Option<String>,
 
     /// Retention (default: the cluster's `spec.backup.retention` and `retentionMaxAge`).

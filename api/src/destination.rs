@@ -7,6 +7,11 @@ use serde::{Deserialize, Serialize};
 
 /// A duration of whole seconds, minutes, hours or days (`90s`, `15m`, `72h`, `30d`).
 pub const DURATION_RULE: &str = "self.matches('^[1-9][0-9]{0,8}(s|m|h|d)$')";
+/// A cron schedule has five space-separated fields (what each field may
+/// hold is checked by the controller and offline, with the parser it runs).
+pub const CRON_SHAPE_RULE: &str = "self.matches('^[^ ]+( [^ ]+){4}$')";
+pub const CRON_SHAPE_MESSAGE: &str =
+    "schedule must have five space-separated cron fields, e.g. '0 */6 * * *'";
 const DURATION_MESSAGE: &str = "must be a positive whole number followed by s, m, h or d, e.g. 72h";
 
 /// Backup defaults of a cluster: the values an `EtcdBackup` or
@@ -18,6 +23,7 @@ const DURATION_MESSAGE: &str = "must be a positive whole number followed by s, m
 pub struct BackupSpec {
     /// Cron schedule, e.g. `0 */6 * * *`. Empty: no scheduled backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(CRON_SHAPE_RULE).message(CRON_SHAPE_MESSAGE))]
     pub schedule: Option<String>,
     /// How many successful snapshots to keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]

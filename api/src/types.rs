@@ -19,6 +19,9 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::destination::{BackupSpec, DURATION_RULE, ObjectStoreDestination};
 
+/// Every request and limit of the etcd container a valid, positive quantity.
+pub const RESOURCES_RULE: &str = "(!has(self.requests) || self.requests.all(k, isQuantity(string(self.requests[k])) && quantity(string(self.requests[k])).sign() == 1)) && (!has(self.limits) || self.limits.all(k, isQuantity(string(self.limits[k])) && quantity(string(self.limits[k])).sign() == 1))";
+
 /// Settings that a template may provide and a cluster may override. Every field
 /// is optional here; template resolution turns them into a `ResolvedEtcdSpec`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -59,6 +62,9 @@ pub struct EtcdConfig {
 
     /// Compute resources of the etcd container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Requests and limits are int-or-string in the schema: only a rule
+    // rejects `memory: lots` or a negative or zero amount.
+    #[x_kube(validation = Rule::new(RESOURCES_RULE).message("resources.requests and resources.limits must be positive quantities such as 500m or 2Gi"))]
     pub resources: Option<ResourceRequirements>,
 
     /// Transport security for peer and client traffic.
@@ -90,8 +96,9 @@ pub struct StorageSpec {
 
     /// Size of each member's volume, e.g. `8Gi`; immutable once set on a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    // The schema of a Quantity is int-or-string; only a rule rejects `lots`.
-    #[x_kube(validation = Rule::new("isQuantity(string(self))").message("size must be a quantity such as 8Gi"))]
+    // The schema of a Quantity is int-or-string; only a rule rejects `lots`,
+    // `0` and `-5Gi`.
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).sign() == 1").message("size must be a positive quantity such as 8Gi"))]
     pub size: Option<Quantity>,
 }
 

@@ -133,7 +133,11 @@ pub fn validate_object(
     }
     check_required(&schema, root, "", &mut errors);
     let object = Value::Object(pruned);
-    if !errors.is_empty() {
+    // As the API server: schema errors other than these leave the rules to
+    // run, so every wrong field is reported at once; these stop the rules,
+    // and the answer says so.
+    if errors.iter().any(blocks_rules) {
+        errors.push(rules_not_checked());
         return Err(errors);
     }
 
@@ -218,6 +222,27 @@ pub fn invalid_status(kind: &str, group: &str, name: &str, errors: &[FieldError]
         "details": { "name": name, "group": group, "kind": kind, "causes": causes },
         "code": 422,
     })
+}
+
+/// Schema errors after which the API server does not evaluate the
+/// x-kubernetes-validations rules (the value may not have the shape a rule
+/// expects).
+fn blocks_rules(error: &FieldError) -> bool {
+    matches!(
+        error.reason.as_str(),
+        NOT_SUPPORTED | REQUIRED | TOO_LONG | TOO_MANY | TYPE_INVALID
+    )
+}
+
+/// The API server's note that rules were skipped.
+fn rules_not_checked() -> FieldError {
+    FieldError {
+        field: "<nil>".into(),
+        reason: INVALID.into(),
+        message: "Invalid value: \"null\": some validation rules were not checked because the \
+                  object was invalid; correct the existing errors to complete validation"
+            .into(),
+    }
 }
 
 fn required(field: &str, detail: &str) -> FieldError {

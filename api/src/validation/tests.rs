@@ -199,7 +199,7 @@ fn each_kind_of_rule_rejects_with_the_api_servers_field_error() {
             with("storage.size", json!("lots")),
             "spec.storage.size",
             "FieldValueInvalid",
-            "Invalid value: \"string\": size must be a quantity such as 8Gi",
+            "Invalid value: \"string\": size must be a positive quantity such as 8Gi",
         ),
         (
             "image repository rule",
