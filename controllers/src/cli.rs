@@ -125,6 +125,14 @@ pub enum CliError {
         #[source]
         error: ResolveError,
     },
+    /// The version policy refuses the resolved version (what `plan`
+    /// reports as `VersionAccepted=False`): nothing is rendered for it.
+    #[error("EtcdCluster {cluster}: spec.version: {error}")]
+    Version {
+        cluster: String,
+        #[source]
+        error: etcdfleet_api::version::VersionRejection,
+    },
 }
 
 /// The objects found in a set of manifests.
@@ -176,15 +184,30 @@ pub fn validate_offline(kind: &str, object: &serde_json::Value) -> Result<(), Ve
         "ClusterEtcdTemplate" => ClusterEtcdTemplate::crd(),
         other => return Err(vec![format!("kind: {other} is not an etcdfleet kind")]),
     };
-    match validate_object(&crd, object, None) {
-        Ok(v) if v.unknown_fields.is_empty() => Ok(()),
-        Ok(v) => Err(v
+    let mut errors: Vec<String> = match validate_object(&crd, object, None) {
+        Ok(v) => v
             .unknown_fields
             .iter()
             .map(|f| format!("{f}: unknown field (not in the {kind} schema)"))
-            .collect()),
-        Err(errors) => Err(errors.iter().map(ToString::to_string).collect()),
+            .collect(),
+        Err(errors) => errors.iter().map(ToString::to_string).collect(),
+    };
+    errors.extend(schedule_error(object));
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
     }
+}
+
+/// What the CRD's rule cannot say of `spec.backup.schedule` (it checks five
+/// fields only): whether the cron parser the controller runs accepts it.
+fn schedule_error(object: &serde_json::Value) -> Option<String> {
+    let schedule = object.pointer("/spec/backup/schedule")?.as_str()?;
+    let error = etcdfleet_api::backup::parse_schedule(schedule).err()?;
+    Some(format!(
+        "spec.backup.schedule: Invalid value: \"{schedule}\": {error}"
+    ))
 }
 
 impl Manifests {
@@ -409,6 +432,12 @@ pub fn render_cluster(
         cluster: id.clone(),
         error,
     })?;
+    etcdfleet_api::version::decide(None, &resolution.spec.version.to_string()).map_err(
+        |error| CliError::Version {
+            cluster: id.clone(),
+            error,
+        },
+    )?;
     let inputs = render_inputs(cluster, &resolution);
     let names = inputs.names();
     let json = |v: serde_json::Result<serde_json::Value>| v.expect("Kubernetes objects serialize");
@@ -879,6 +908,7 @@ fn pods_and_volumes_from_status(
                     member_id: Some(*id),
                     owner_recorded: true,
                     etcd_version: ordinals.get(o).and_then(|m| m.version.clone()),
+                    deleting: false,
                 },
             )
         })
@@ -1065,7 +1095,7 @@ spec:
         let err = m.invalid[0].to_string();
         assert_eq!(
             err,
-            "bad.yaml: document 1: EtcdCluster \"a\" is invalid: spec.replicas: Invalid value: \"string\": spec.replicas in body must be of type integer: \"string\""
+            "bad.yaml: document 1: EtcdCluster \"a\" is invalid: spec.replicas: Invalid value: \"string\": spec.replicas in body must be of type integer: \"string\"; <nil>: Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation"
         );
         let err = Manifests::parse("metadata: {name: a}\n", "x.yaml")
             .unwrap_err()
@@ -1316,6 +1346,87 @@ spec:
         );
         assert_eq!(plan_exit_code(&all, 0), EXIT_BLOCKED);
         assert_eq!(plan_exit_code(&all, 1), EXIT_INPUT_ERROR);
+    }
+
+    /// One EtcdCluster with `spec` (YAML flow mapping fields).
+    fn cluster_with(spec: &str) -> String {
+        format!(
+            "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {{name: a, namespace: t}}\n\
+             spec: {{clusterRef: {{name: a}}, version: 3.5.1, replicas: 3, {spec}}}\n"
+        )
+    }
+
+    fn offline_errors(spec: &str) -> String {
+        let m = Manifests::parse(&cluster_with(spec), "c.yaml").unwrap();
+        m.invalid
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn sizes_quantities_and_schedules_are_refused_offline_as_the_api_server_refuses_them() {
+        for (spec, wanted) in [
+            ("storage: {size: -5Gi}", "size must be a positive quantity"),
+            ("storage: {size: \"0\"}", "size must be a positive quantity"),
+            (
+                "resources: {requests: {memory: lots}}",
+                "must be positive quantities",
+            ),
+            (
+                "resources: {limits: {cpu: \"-1\"}}",
+                "must be positive quantities",
+            ),
+            (
+                "backup: {schedule: every night}",
+                "five space-separated cron fields",
+            ),
+            (
+                "backup: {schedule: \"61 * * * *\"}",
+                "spec.backup.schedule: Invalid value: \"61 * * * *\"",
+            ),
+        ] {
+            let errors = offline_errors(spec);
+            assert!(errors.contains(wanted), "{spec}: {errors}");
+        }
+        assert_eq!(
+            offline_errors("storage: {size: 8Gi}, backup: {schedule: \"0 2 * * *\"}"),
+            ""
+        );
+    }
+
+    #[test]
+    fn every_wrong_field_of_an_object_is_reported_at_once() {
+        let errors = offline_errors(
+            "storage: {size: -5Gi}, resources: {requests: {memory: lots}}, backup: {schedule: every night}",
+        );
+        for wanted in [
+            "spec.storage.size",
+            "spec.resources",
+            "spec.backup.schedule",
+        ] {
+            assert!(errors.contains(wanted), "{wanted} missing from: {errors}");
+        }
+    }
+
+    #[test]
+    fn render_refuses_a_version_plan_refuses() {
+        let m = Manifests::parse(
+            &cluster_with("storage: {size: 8Gi}").replace("3.5.1", "3.9.0"),
+            "c.yaml",
+        )
+        .unwrap();
+        let err = render_cluster(&m.clusters[0], &m).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.version") && err.contains("3.9.0"),
+            "{err}"
+        );
+        let plans = plan_all(&m, now(), Duration::from_secs(120));
+        assert!(
+            plans.iter().all(|p| p.to_string().contains("3.9.0")),
+            "plan refuses it too"
+        );
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct Report {
     old: EtcdClusterStatus,
     pub new: EtcdClusterStatus,
     blocked: Option<String>,
+    /// The naming of the cluster's objects, once observed (names the member
+    /// a step acts on in `lastOperation.target`).
+    names: Option<Names>,
     /// The EtcdCluster's resourceVersion this reconcile read (advanced by its
     /// own writes): the status write is conditional on it, so a reconcile of
     /// an older copy cannot overwrite newer status.
@@ -53,6 +56,7 @@ impl Report {
             old,
             new,
             blocked: None,
+            names: None,
             resource_version: cluster.meta().resource_version.clone(),
         }
     }
@@ -306,6 +310,7 @@ impl Report {
     /// What was observed: the members' status, the version they agree on,
     /// and the Available and Degraded conditions.
     pub fn observed(&mut self, planner: &Observation) {
+        self.names = Some(planner.names.clone());
         let names = &planner.names;
         self.new.selector = Some(render::selector_string(names));
         let health = match &planner.etcd {
@@ -323,24 +328,55 @@ impl Report {
         {
             self.new.current_version = Some(v);
         }
-        let unhealthy: Vec<String> = members
+        let (planned, unhealthy): (Vec<&MemberStatus>, Vec<&MemberStatus>) = members
             .iter()
             .filter(|m| !m.healthy)
-            .map(|m| m.name.clone())
-            .collect();
+            .partition(|m| self.planned(m, &planner.failed_members));
+        let planned: Vec<String> = planned.iter().map(|m| m.name.clone()).collect();
+        let unhealthy: Vec<String> = unhealthy.iter().map(|m| m.name.clone()).collect();
         self.new.members = members;
-        self.alarms_and_health(planner, unhealthy);
+        self.alarms_and_health(planner, unhealthy, planned);
     }
 
     fn no_member_answers(&mut self, planner: &Observation, why: &str) {
         self.new.ready_members = 0;
-        self.set(
-            DEGRADED,
-            true,
-            "NoMemberAnswers",
-            format!("no etcd member answers: {why}"),
-        );
+        if self.bootstrapping() {
+            // Nothing is down that ever ran: the first member is starting.
+            self.set(
+                DEGRADED,
+                false,
+                "Bootstrapping",
+                format!("the first member is starting ({why})"),
+            );
+        } else {
+            self.set(
+                DEGRADED,
+                true,
+                "NoMemberAnswers",
+                format!("no etcd member answers: {why}"),
+            );
+        }
         self.quorum(planner, Some(why));
+    }
+
+    /// No member has ever been observed: the cluster is being created.
+    fn bootstrapping(&self) -> bool {
+        self.old.members.is_empty() && self.old.current_version.is_none()
+    }
+
+    /// The member the last step took down or brought up on purpose, while
+    /// within its failure grace: its trouble is progress, not degradation.
+    fn planned(&self, member: &MemberStatus, failed: &BTreeSet<u64>) -> bool {
+        let Some(op) = &self.old.last_operation else {
+            return false;
+        };
+        let id = member
+            .id
+            .as_deref()
+            .and_then(|i| u64::from_str_radix(i, 16).ok());
+        op.outcome == "Succeeded"
+            && op.target.as_deref() == Some(member.name.as_str())
+            && id.is_none_or(|id| !failed.contains(&id))
     }
 
     /// `status.members`, sorted by name; a member's failure grace starts at
@@ -393,7 +429,12 @@ impl Report {
 
     /// Available (NOSPACE, else quorum) and Degraded (alarms, else the
     /// unhealthy members), once `self.new.members` is set.
-    fn alarms_and_health(&mut self, planner: &Observation, unhealthy: Vec<String>) {
+    fn alarms_and_health(
+        &mut self,
+        planner: &Observation,
+        unhealthy: Vec<String>,
+        planned: Vec<String>,
+    ) {
         let alarmed = |kind: AlarmKind| -> Vec<String> {
             planner
                 .alarms
@@ -433,6 +474,16 @@ impl Report {
                 true,
                 reason,
                 format!("etcd alarm raised by {}", who.join(", ")),
+            );
+        } else if unhealthy.is_empty() && !planned.is_empty() {
+            self.set(
+                DEGRADED,
+                false,
+                "PlannedDisruption",
+                format!(
+                    "{} restarting or joining as planned (see Progressing)",
+                    planned.join(", ")
+                ),
             );
         } else if unhealthy.is_empty() {
             self.set(
@@ -487,9 +538,13 @@ impl Report {
             }
             (Some(_), _) => Some(1),
         };
+        let target = step
+            .planned_disruption()
+            .zip(self.names.as_ref())
+            .map(|(ordinal, names)| names.pod(ordinal));
         self.new.last_operation = Some(OperationStatus {
             type_: step.kind().to_string(),
-            target: None,
+            target,
             outcome: if error.is_some() {
                 "Failed"
             } else {
@@ -552,7 +607,105 @@ pub fn reported_size(now: Option<i64>, shown: Option<i64>) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::reported_size;
+    use etcdfleet_api::{EtcdCluster, EtcdClusterStatus, OperationStatus};
+
+    use super::super::plan::EtcdObservation;
+    use super::super::plan::tests::{converged, member, with_members};
+    use super::*;
+
+    fn cluster(status: EtcdClusterStatus) -> EtcdCluster {
+        let mut c = EtcdCluster::new("c", Default::default());
+        c.status = Some(status);
+        c
+    }
+
+    fn restarted(target: &str) -> EtcdClusterStatus {
+        EtcdClusterStatus {
+            current_version: Some("3.5.1".into()),
+            last_operation: Some(OperationStatus {
+                type_: "RestartMember".into(),
+                target: Some(target.into()),
+                outcome: "Succeeded".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn degraded(report: &Report) -> (String, String) {
+        let c = conditions::find(&report.new.conditions, DEGRADED).expect("Degraded set");
+        (c.status.clone(), c.reason.clone())
+    }
+
+    /// Three members, the one at `down` not answering.
+    fn one_down(down: u32) -> Observation {
+        let members = (0..3).map(|o| member(o, o != down, o == 0 && down != 0, false));
+        with_members(converged(3, 3), members.collect())
+    }
+
+    #[test]
+    fn a_member_the_last_step_restarted_is_progress_not_degradation() {
+        let mut report = Report::new(&cluster(restarted("c-etcd-1")));
+        report.observed(&one_down(1));
+        assert_eq!(
+            degraded(&report),
+            ("False".to_string(), "PlannedDisruption".to_string())
+        );
+    }
+
+    #[test]
+    fn a_member_down_that_no_step_took_down_is_degraded() {
+        let mut report = Report::new(&cluster(restarted("c-etcd-2")));
+        report.observed(&one_down(1));
+        assert_eq!(
+            degraded(&report),
+            ("True".to_string(), "MemberUnhealthy".to_string())
+        );
+        // Past its failure grace, a restarted member is trouble too.
+        let mut obs = one_down(1);
+        obs.failed_members.insert(101);
+        let mut report = Report::new(&cluster(restarted("c-etcd-1")));
+        report.observed(&obs);
+        assert_eq!(degraded(&report).0, "True");
+    }
+
+    #[test]
+    fn a_cluster_whose_first_member_is_starting_is_not_degraded() {
+        let mut obs = converged(1, 1);
+        obs.etcd = EtcdObservation::Unreachable("connection refused".into());
+        let mut report = Report::new(&cluster(EtcdClusterStatus::default()));
+        report.observed(&obs);
+        assert_eq!(
+            degraded(&report),
+            ("False".to_string(), "Bootstrapping".to_string())
+        );
+        // Once a member ran, nobody answering is trouble.
+        let mut report = Report::new(&cluster(restarted("c-etcd-0")));
+        report.observed(&obs);
+        assert_ne!(degraded(&report).1, "Bootstrapping");
+    }
+
+    #[test]
+    fn the_last_operation_names_the_member_a_step_takes_down() {
+        let mut report = Report::new(&cluster(EtcdClusterStatus::default()));
+        report.observed(&converged(3, 3));
+        report.acted(
+            &Step::RestartMember {
+                ordinal: 2,
+                member_id: 102,
+            },
+            None,
+        );
+        let op = report.new.last_operation.as_ref().expect("recorded");
+        assert_eq!(op.target.as_deref(), Some("c-etcd-2"));
+        report.acted(&Step::ScaleStatefulSet { replicas: 3 }, None);
+        let op = report.new.last_operation.as_ref().expect("recorded");
+        assert_eq!(
+            op.target.as_deref(),
+            Some("c-etcd-2"),
+            "growing starts the last ordinal"
+        );
+    }
 
     #[test]
     fn database_sizes_in_status_move_only_by_a_tenth_or_more() {

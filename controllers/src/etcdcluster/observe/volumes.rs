@@ -143,5 +143,6 @@ pub fn pvc_observation(pvc: &PersistentVolumeClaim, owner: &String) -> PvcObserv
             .and_then(|s| u64::from_str_radix(s, 16).ok()),
         owner_recorded: pvc.annotations().get(PVC_OWNER_ANNOTATION) == Some(owner),
         etcd_version: pvc.annotations().get(PVC_VERSION_ANNOTATION).cloned(),
+        deleting: pvc.metadata.deletion_timestamp.is_some(),
     }
 }

@@ -101,4 +101,4 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -46,6 +46,8 @@ pub struct PvcObservation {
     /// The etcd version that last ran on this data, once recorded: what a
     /// cluster recreated over kept volumes must not downgrade or skip.
     pub etcd_version: Option<String>,
+    /// A delete is in progress (PVC protection holds it while a pod uses it).
+    pub deleting: bool,
 }
 
 /// What etcd itself said.

@@ -5,7 +5,7 @@
 //! member's data is deleted so its ordinal can rejoin fresh.
 
 use super::members::Members;
-use super::observation::READY_POD_GRACE_FACTOR;
+use super::observation::{Observation, READY_POD_GRACE_FACTOR};
 use super::step::{Plan, RemovalCause, Step};
 
 /// Rule: record which member each PVC holds as soon as both exist, so that
@@ -38,7 +38,7 @@ pub(super) fn learner_in_flight(m: &Members) -> Option<Plan> {
         && let Some(old) = pvc.member_id
         && old != id
     {
-        return Some(Plan::Act(Step::DeleteStaleStorage { ordinal }));
+        return Some(delete_stale_storage(obs, ordinal));
     }
     let why = match health.can_promote(id) {
         Ok(()) => {
@@ -124,8 +124,21 @@ pub(super) fn stale_storage(m: &Members) -> Option<Plan> {
     obs.pvcs.iter().find_map(|(ordinal, pvc)| {
         let old = pvc.member_id?;
         (m.health.member(old).is_none() && *ordinal < obs.desired_replicas)
-            .then_some(Plan::Act(Step::DeleteStaleStorage { ordinal: *ordinal }))
+            .then(|| delete_stale_storage(obs, *ordinal))
     })
+}
+
+/// Deletes the pod and PVC of `ordinal` (they hold a removed member's
+/// data), or waits while that delete is under way: PVC protection keeps the
+/// claim until its pod is gone, and asking again changes nothing.
+pub(super) fn delete_stale_storage(obs: &Observation, ordinal: u32) -> Plan {
+    if obs.pvcs.get(&ordinal).is_some_and(|p| p.deleting) {
+        return Plan::Wait(format!(
+            "the volume of {} is being deleted (it held a removed member's data)",
+            obs.names.pod(ordinal)
+        ));
+    }
+    Plan::Act(Step::DeleteStaleStorage { ordinal })
 }
 
 #[cfg(test)]

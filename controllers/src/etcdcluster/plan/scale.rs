@@ -110,7 +110,7 @@ pub(super) fn scale_up(m: &Members) -> Option<Plan> {
     if let Some(pvc) = obs.pvcs.get(&next)
         && pvc.member_id.is_some()
     {
-        return Some(Plan::Act(Step::DeleteStaleStorage { ordinal: next }));
+        return Some(super::repair::delete_stale_storage(obs, next));
     }
     // Preflight: grow only a fully healthy cluster.
     if let Some(sick) = health.voters().find(|mo| !mo.healthy) {

@@ -122,6 +122,28 @@ impl Step {
         }
     }
 
+    /// The ordinal of the member this step takes down or brings up on
+    /// purpose: until it is healthy again (within the failure grace) its
+    /// trouble is planned, reported as progress, never as `Degraded`.
+    /// Growing the StatefulSet starts the member at its last ordinal.
+    pub fn planned_disruption(&self) -> Option<u32> {
+        match self {
+            Step::RestartMember { ordinal, .. }
+            | Step::AddLearner { ordinal }
+            | Step::PromoteLearner { ordinal, .. }
+            | Step::DeleteStaleStorage { ordinal }
+            | Step::Defragment { ordinal, .. } => Some(*ordinal),
+            Step::ScaleStatefulSet { replicas } => replicas.checked_sub(1),
+            Step::WriteObjects(_)
+            | Step::Bootstrap { .. }
+            | Step::RecordPvcMember { .. }
+            | Step::MoveLeader { .. }
+            | Step::RemoveMember { .. }
+            | Step::DeletePvc { .. }
+            | Step::RecoverFromNoSpace => None,
+        }
+    }
+
     /// Whether the step can lose data or availability if taken wrongly
     /// (never taken in bootstrap mode).
     pub fn is_destructive(&self) -> bool {

@@ -10,12 +10,12 @@ use crate::render::Names;
 
 pub(super) const IMG: &str = "etcd:v3.5.1";
 
-pub(super) fn names() -> Names {
+pub(crate) fn names() -> Names {
     Names::new("c", "etcd-system")
 }
 
 /// A member at `ordinal` with id `100 + ordinal`.
-pub(super) fn member(
+pub(crate) fn member(
     ordinal: u32,
     healthy: bool,
     leader: bool,
@@ -60,7 +60,7 @@ pub(super) fn pod(image: &str) -> PodObservation {
 }
 
 /// A converged cluster of `n` members, leader at ordinal 0.
-pub(super) fn converged(n: u32, desired: u32) -> Observation {
+pub(crate) fn converged(n: u32, desired: u32) -> Observation {
     Observation {
         names: names(),
         tls: true,
@@ -80,6 +80,7 @@ pub(super) fn converged(n: u32, desired: u32) -> Observation {
                         member_id: Some(100 + u64::from(o)),
                         owner_recorded: true,
                         etcd_version: Some("3.5.1".into()),
+                        deleting: false,
                     },
                 )
             })
@@ -100,7 +101,7 @@ pub(super) fn converged(n: u32, desired: u32) -> Observation {
     }
 }
 
-pub(super) fn with_members(mut obs: Observation, members: Vec<MemberObservation>) -> Observation {
+pub(crate) fn with_members(mut obs: Observation, members: Vec<MemberObservation>) -> Observation {
     obs.etcd = EtcdObservation::Observed(ClusterHealth::new(members));
     obs
 }
@@ -225,6 +226,7 @@ fn scale_up_adds_one_learner_then_starts_then_promotes() {
             member_id: Some(101),
             owner_recorded: true,
             etcd_version: Some("3.5.1".into()),
+            deleting: false,
         },
     );
     assert_eq!(
