@@ -21,7 +21,9 @@ use std::time::Duration;
 use etcdfleet_api::conditions;
 use etcdfleet_api::template::{Resolution, ResolveError, resolve};
 use etcdfleet_api::validation::validate_object;
-use etcdfleet_api::version::{VersionChange, VersionRejection, decide, parse_full_version};
+use etcdfleet_api::version::{
+    DOWNGRADE_ANNOTATION, VersionChange, VersionRejection, decide_with, parse_full_version,
+};
 use etcdfleet_api::{
     ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdTemplate, MemberStatus, TemplateKind,
 };
@@ -498,6 +500,9 @@ impl fmt::Display for VersionVerdict {
             VersionVerdict::Accepted(VersionChange::MinorUpgrade { from, to }) => {
                 write!(f, "accepted: minor upgrade from {from} to {to}")
             }
+            VersionVerdict::Accepted(VersionChange::Downgrade { from, to }) => {
+                write!(f, "accepted: online downgrade from {from} to {to}")
+            }
             VersionVerdict::Rejected(r) => write!(
                 f,
                 "rejected: VersionAccepted=False ({}): {}",
@@ -637,7 +642,12 @@ pub fn plan_cluster(
     let status = cluster.status.clone().unwrap_or_default();
     let current = status.current_version.clone();
     let requested = resolution.spec.version.to_string();
-    let verdict = match decide(current.as_deref(), &requested) {
+    let acknowledged = cluster.annotations().get(DOWNGRADE_ANNOTATION);
+    let verdict = match decide_with(
+        current.as_deref(),
+        &requested,
+        acknowledged.map(String::as_str),
+    ) {
         Ok(change) => VersionVerdict::Accepted(change),
         Err(r) => VersionVerdict::Rejected(r),
     };
@@ -843,6 +853,7 @@ pub fn observation_from_status(
         storage_change: None,
         // The version policy is reported on its own line (VersionAccepted).
         requested_version: None,
+        downgrade_acknowledged: None,
         known_voters: members.iter().filter(|m| !m.learner).count() as u32,
         last_failure: None,
         // A running cluster: the restore gate applies only before bootstrap.

@@ -460,6 +460,10 @@ pub async fn observe(
         pki_lost,
         storage_change,
         requested_version: Some(inputs.version.clone()),
+        downgrade_acknowledged: cluster
+            .annotations()
+            .get(etcdfleet_api::version::DOWNGRADE_ANNOTATION)
+            .cloned(),
         known_voters: old_status.members.iter().filter(|m| !m.learner).count() as u32,
         last_failure,
         // Filled by `crate::restore::gate` when the cluster restores.

@@ -127,6 +127,9 @@ pub struct Observation {
     pub storage_change: Option<String>,
     /// The version the spec asks for (`MAJOR.MINOR.PATCH`).
     pub requested_version: Option<String>,
+    /// The downgrade the cluster acknowledges
+    /// ([`etcdfleet_api::version::DOWNGRADE_ANNOTATION`]), if any.
+    pub downgrade_acknowledged: Option<String>,
     /// Voters the stored status listed last time: a cluster that had members
     /// and now has none answering has lost quorum, it is not bootstrapping.
     pub known_voters: u32,
@@ -1078,7 +1081,11 @@ fn refusal(obs: &Observation) -> Option<Refusal> {
     if let Some(requested) = &obs.requested_version {
         for (ordinal, pvc) in &obs.pvcs {
             if let Some(data) = &pvc.etcd_version
-                && let Err(rejection) = etcdfleet_api::version::decide(Some(data), requested)
+                && let Err(rejection) = etcdfleet_api::version::decide_with(
+                    Some(data),
+                    requested,
+                    obs.downgrade_acknowledged.as_deref(),
+                )
             {
                 return Some(Refusal {
                     reason: "VersionRejected",
@@ -1097,7 +1104,11 @@ fn refusal(obs: &Observation) -> Option<Refusal> {
         for m in health.members() {
             if let Some(running) = m.status.as_ref().map(|s| s.version.as_str())
                 && !running.is_empty()
-                && let Err(rejection) = etcdfleet_api::version::decide(Some(running), requested)
+                && let Err(rejection) = etcdfleet_api::version::decide_with(
+                    Some(running),
+                    requested,
+                    obs.downgrade_acknowledged.as_deref(),
+                )
             {
                 return Some(Refusal {
                     reason: "VersionRejected",
@@ -1247,6 +1258,7 @@ mod tests {
             pki_lost: false,
             storage_change: None,
             requested_version: None,
+            downgrade_acknowledged: None,
             known_voters: n,
             restore: RestoreGate::NotNeeded,
             last_failure: None,

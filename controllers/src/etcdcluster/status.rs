@@ -9,6 +9,7 @@ use std::time::Duration;
 use etcdfleet_api::conditions::{
     self, AVAILABLE, CONFLICT, DEGRADED, MEMBERS_UNREACHABLE_FROM_CONTROLLER, PROGRESSING,
     QUORUM_HEALTHY, QUORUM_LOST, REMOTE_REACHABLE, TEMPLATE_RESOLVED, VERSION_ACCEPTED,
+    VERSION_SUPPORTED,
 };
 use etcdfleet_api::template::{Resolution, ResolveError};
 use etcdfleet_api::version::{VersionChange, VersionRejection};
@@ -242,8 +243,29 @@ impl Report {
                 "MinorUpgrade",
                 format!("rolling upgrade from {from} to {to}"),
             ),
+            VersionChange::Downgrade { from, to } => (
+                "Downgrade",
+                format!(
+                    "online downgrade from {from} to {to} (acknowledged): etcd's downgrade is \
+                     enabled, then members are replaced one at a time, leader last"
+                ),
+            ),
         };
         self.set(VERSION_ACCEPTED, true, reason, message);
+    }
+
+    /// `VersionSupported`: a warning naming the upgrade path when the etcd
+    /// project no longer supports `version` or advises against it.
+    pub fn version_support(&mut self, version: &semver::Version) {
+        match etcdfleet_api::version::notice(version) {
+            Some(notice) => self.set(VERSION_SUPPORTED, false, notice.reason(), notice.message()),
+            None => self.set(
+                VERSION_SUPPORTED,
+                true,
+                "Supported",
+                format!("etcd {version} is a supported release"),
+            ),
+        }
     }
 
     pub fn version_rejected(&mut self, rejection: &VersionRejection) {
