@@ -14,6 +14,7 @@ pub mod render;
 pub mod restore;
 pub mod runner;
 pub mod telemetry;
+pub mod version_flags;
 
 /// Parameters of the controller's non-apply patches: every write names the
 /// controller's field manager, so `managedFields` on a real API server shows
