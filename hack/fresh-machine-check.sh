@@ -19,8 +19,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
-# Everything hack/install-tools.sh installs (Debian part; PyPI part below). util-linux and iproute2 are part
-# of a minimal Debian system and stay.
+# Everything hack/install-tools.sh installs (Debian part; PyPI part below),
+# and kubernetes-client, which earlier releases of it installed. util-linux
+# and iproute2 are part of a minimal Debian system and stay.
 packages=(protobuf-compiler libprotobuf-dev etcd-server etcd-client kubernetes-client)
 
 echo "fresh-machine: removing ${packages[*]} and $root/.tools"

@@ -158,10 +158,39 @@ pub async fn read_everywhere(
     Ok(())
 }
 
-/// A world with one workload cluster `w1`, the dev stage installed, the
-/// workload RBAC applied and the kubeconfig Secret in [`NS`]; `None` (after
-/// a loud SKIPPED line) without the Kubernetes binaries.
+/// A world with `workloads`, the dev stage installed, the workload RBAC
+/// applied and the kubeconfig Secrets in [`NS`], whose controller is the
+/// test's own ([`KubeWorld::controller`] or an `etcdfleet run` process): the
+/// installed Deployment is scaled to zero so no second controller acts.
+/// `None` (after a loud SKIPPED line) without the Kubernetes binaries.
 pub async fn installed_world(workloads: &[&str]) -> Result<Option<KubeWorld>> {
+    let Some(world) = installed_world_running(workloads).await? else {
+        return Ok(None);
+    };
+    world.kubectl(&[
+        "scale",
+        "-n",
+        super::world::CONTROLLER_NAMESPACE,
+        "deployment/etcdfleet-controller",
+        "--replicas=0",
+    ])?;
+    // Its pod may have started already: gone before the test acts.
+    world.kubectl(&[
+        "wait",
+        "--for=delete",
+        "pod",
+        "-n",
+        super::world::CONTROLLER_NAMESPACE,
+        "-l",
+        "app.kubernetes.io/component=controller",
+        "--timeout=60s",
+    ])?;
+    Ok(Some(world))
+}
+
+/// Like [`installed_world`], with the installed controller Deployment left
+/// running (the process kubelet of the management cluster runs its pod).
+pub async fn installed_world_running(workloads: &[&str]) -> Result<Option<KubeWorld>> {
     let Some(binaries) = super::require_kubernetes() else {
         return Ok(None);
     };
