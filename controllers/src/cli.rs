@@ -764,6 +764,8 @@ pub fn observation_from_status(
                 db_size_in_use: m.db_size_in_use_bytes.unwrap_or(0),
                 is_learner: m.learner,
                 errors: Vec::new(),
+                storage_version: String::new(),
+                downgrade_target: None,
             });
             MemberObservation {
                 member,

@@ -3,7 +3,9 @@
 //! release to another under a continuous writer, with every acknowledged
 //! write checked afterwards, and the check that every member pod runs with
 //! flags its own release accepts (the members still on the old release keep
-//! the old spelling during a roll).
+//! the old spelling during a roll). And the same version changes done by
+//! hand with etcd's own calls on a local cluster: the floor the operations
+//! bench measures the controller against.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,13 +14,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::EtcdCluster;
+use etcdfleet_controllers::etcd::MemberStatus;
 use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_controllers::version_flags::version_flags;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
 use crate::driver::{ConvergeLog, TestController, converge};
-use crate::etcd_harness::{AckedWriter, verify_acknowledged};
+use crate::etcd_harness::{AckedWriter, EtcdBinary, LocalEtcdCluster, verify_acknowledged};
 use crate::fleet::Fleet;
 use crate::scenario::{NS, WORKLOAD_NS, etcd_of, get, patch_spec};
 
@@ -231,4 +234,73 @@ pub async fn assert_runs(fleet: &Fleet, workload: &str, name: &str, release: &st
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     anyhow::bail!("etcd reports cluster version {seen}, want {want}")
+}
+
+/// The members of `etcd`, leader last (the order etcd's guides restart them in).
+pub async fn followers_then_leader(etcd: &LocalEtcdCluster) -> Result<Vec<usize>> {
+    let (_, leader) = etcd.cluster_client().await?.leader().await?;
+    let mut slots = Vec::new();
+    let mut leader_slot = None;
+    for i in etcd.active() {
+        if etcd.member_id(i).await? == leader.member_id {
+            leader_slot = Some(i);
+        } else {
+            slots.push(i);
+        }
+    }
+    slots.push(leader_slot.context("the leader is not a member of this harness")?);
+    Ok(slots)
+}
+
+/// A roll by hand with etcd's own calls, as etcd's upgrade and downgrade
+/// guides do it: each follower restarted on `to` (healthy before the next),
+/// then leadership moved to a member already restarted, then the old
+/// leader. What the controller's roll is measured against.
+pub async fn roll_by_hand(etcd: &mut LocalEtcdCluster, to: &EtcdBinary) -> Result<()> {
+    let order = followers_then_leader(etcd).await?;
+    let (leader_slot, followers) = order.split_last().context("no member")?;
+    for &i in followers {
+        etcd.restart(i, Some(to.clone())).await?;
+    }
+    let first = etcd.member_id(followers[0]).await?;
+    etcd.cluster_client().await?.move_leader(first).await?;
+    etcd.restart(*leader_slot, Some(to.clone())).await
+}
+
+/// Waits (up to 20 s) until every member's status passes `ok`; returns the
+/// statuses seen last.
+pub async fn wait_statuses(
+    etcd: &LocalEtcdCluster,
+    what: &str,
+    ok: impl Fn(&MemberStatus) -> bool,
+) -> Result<Vec<MemberStatus>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut seen = Vec::new();
+        for i in etcd.active() {
+            seen.push(etcd.member_client(i).await?.status().await?);
+        }
+        if seen.iter().all(&ok) {
+            return Ok(seen);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "members not {what} after 20 s: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// etcd's online downgrade by hand (docs v3.6 `downgrades/downgrade_3_6`):
+/// validate, enable, wait until every member's storage version is the
+/// target, then roll every member onto `to`, leader last.
+pub async fn downgrade_by_hand(etcd: &mut LocalEtcdCluster, to: &EtcdBinary) -> Result<()> {
+    let (minor, _) = minor_of(&to.release)?;
+    let target = format!("3.{minor}");
+    let client = etcd.cluster_client().await?;
+    client.validate_downgrade(&target).await?;
+    client.enable_downgrade(&target).await?;
+    let storage = format!("{target}.0");
+    wait_statuses(etcd, "migrated", |s| s.storage_version == storage).await?;
+    roll_by_hand(etcd, to).await
 }

@@ -104,6 +104,11 @@ pub struct MemberStatus {
     pub db_size_in_use: i64,
     pub is_learner: bool,
     pub errors: Vec<String>,
+    /// The schema version of this member's data (3.6+; empty before).
+    pub storage_version: String,
+    /// The cluster's downgrade target while one is enabled, as this member
+    /// reports it (3.6+; 3.5 members report none).
+    pub downgrade_target: Option<String>,
 }
 
 impl MemberStatus {
@@ -147,7 +152,7 @@ pub struct SnapshotInfo {
     pub etcd_digest_verified: bool,
 }
 
-async fn with_deadline<T>(
+pub(super) async fn with_deadline<T>(
     op: &'static str,
     after: Duration,
     member_id: Option<u64>,
@@ -182,7 +187,7 @@ async fn with_deadline<T>(
 /// Runs `attempt` until it succeeds, fails with an error `retry` rejects, or
 /// `total` has passed (then the last error is returned). Backoff doubles from
 /// 100 ms up to 2 s.
-async fn retry_until<T, F, Fut>(
+pub(super) async fn retry_until<T, F, Fut>(
     total: Duration,
     retry: impl Fn(&EtcdError) -> bool,
     mut attempt: F,
@@ -324,7 +329,7 @@ impl ClusterClient {
     }
 
     /// The client cluster-wide calls use now.
-    fn client(&self) -> Client {
+    pub(super) fn client(&self) -> Client {
         let i = self.preferred.load(Ordering::Relaxed) % self.clients.len();
         locked(&self.clients[i].1).clone()
     }
@@ -337,7 +342,7 @@ impl ClusterClient {
     /// new peer dropped once (its name did not resolve yet when the peer was
     /// added) refuses for 5 s after it reconnects, while the new peer itself
     /// may already accept. So a refused change is asked of each member in turn.
-    fn note(&self, e: &EtcdError) {
+    pub(super) fn note(&self, e: &EtcdError) {
         if matches!(
             e,
             EtcdError::Unreachable(_) | EtcdError::Timeout { .. } | EtcdError::UnhealthyCluster(_)
@@ -804,6 +809,11 @@ impl MemberClient {
             db_size_in_use: resp.raft_used_db_size(),
             is_learner: resp.is_learner(),
             errors: resp.errors().to_vec(),
+            storage_version: resp.storage_version().to_string(),
+            downgrade_target: resp
+                .downgrade_info()
+                .filter(|d| d.enabled())
+                .map(|d| d.target_version().to_string()),
         })
     }
 

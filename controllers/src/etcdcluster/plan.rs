@@ -1205,6 +1205,8 @@ mod tests {
                 db_size_in_use: 1,
                 is_learner: learner,
                 errors: vec![],
+                storage_version: String::new(),
+                downgrade_target: None,
             }),
             healthy,
             error: (!healthy).then(|| "connection refused".to_string()),
