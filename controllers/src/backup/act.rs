@@ -14,7 +14,7 @@ use super::Context;
 use super::plan::{SnapshotSource, choose_source};
 use super::store::{Store, StoreError, read_credentials};
 use crate::connector::{ConnectError, KubeconfigLocation};
-use crate::etcd::{EtcdError, MemberClient};
+use crate::etcd::{ClusterHealth, EtcdConfig, EtcdError, MemberClient, MemberObservation};
 use crate::etcdcluster::{self, observe, resolve, status::Report};
 
 /// Why an attempt failed.
@@ -93,6 +93,82 @@ pub async fn take(
         .health
         .as_ref()
         .ok_or_else(|| BackupError::NoHealthyMember("etcd did not answer".into()))?;
+    take_from(
+        &store,
+        destination,
+        cluster,
+        health,
+        &observed.etcd_config,
+        now,
+        &backup.name_any(),
+    )
+    .await
+}
+
+/// Takes one snapshot of `cluster` into `store` at `destination` from a
+/// member [`choose_member`] picks in `health`, reached with `etcd_config`,
+/// started at `now`; `name` ends the object key.
+pub async fn take_from(
+    store: &Store,
+    destination: ObjectStoreDestination,
+    cluster: &EtcdCluster,
+    health: &ClusterHealth,
+    etcd_config: &EtcdConfig,
+    now: Timestamp,
+    name: &str,
+) -> Result<Taken, BackupError> {
+    let chosen =
+        choose_member(health).map_err(|n| BackupError::NoHealthyMember(format!("{n} members")))?;
+    let advertised = chosen
+        .member
+        .client_urls
+        .first()
+        .ok_or_else(|| BackupError::NoHealthyMember("member has no client URL".into()))?;
+    // The observed etcd config carries the cluster's transport (port-forward
+    // or direct), which reaches the member behind its advertised URL.
+    let member = MemberClient::connect(advertised, etcd_config).await?;
+    let revision = member.revision().await?;
+    let etcd_version = chosen
+        .status
+        .as_ref()
+        .map(|s| s.version.clone())
+        .unwrap_or_default();
+    let ns = cluster.namespace().unwrap_or_default();
+    let key = object_key(
+        destination.prefix.as_deref(),
+        &ns,
+        &cluster.name_any(),
+        now,
+        revision,
+        name,
+    );
+    let metadata = SnapshotMetadata {
+        namespace: ns,
+        cluster: cluster.name_any(),
+        cluster_uid: cluster.meta().uid.clone().unwrap_or_default(),
+        etcd_version: etcd_version.clone(),
+        revision,
+        size_bytes: 0,
+        sha256: String::new(),
+        object_key: key.clone(),
+        taken_at: now.to_string(),
+    };
+    let (metadata_key, stored) = store_snapshot(store, &member, metadata).await?;
+    Ok(Taken {
+        destination,
+        object_key: key,
+        metadata_key,
+        size_bytes: stored.size_bytes,
+        sha256: stored.sha256,
+        revision,
+        etcd_version,
+        member: chosen.member.name.clone(),
+    })
+}
+
+/// The member a snapshot is taken from (see [`choose_source`]); `None`
+/// when no member is fit, with how many there are.
+pub fn choose_member(health: &ClusterHealth) -> Result<&MemberObservation, usize> {
     let sources: Vec<SnapshotSource> = health
         .members()
         .iter()
@@ -103,61 +179,30 @@ pub async fn take(
             leader: m.status.as_ref().is_some_and(|s| s.is_leader()),
         })
         .collect();
-    let chosen = choose_source(&sources)
+    choose_source(&sources)
         .map(|i| &health.members()[i])
-        .ok_or_else(|| BackupError::NoHealthyMember(format!("{} members", sources.len())))?;
-    let advertised = chosen
-        .member
-        .client_urls
-        .first()
-        .ok_or_else(|| BackupError::NoHealthyMember("member has no client URL".into()))?;
-    // The observed etcd config carries the cluster's transport (port-forward
-    // or direct), which reaches the member behind its advertised URL.
-    let member = MemberClient::connect(advertised, &observed.etcd_config).await?;
-    let revision = member.revision().await?;
-    let etcd_version = chosen
-        .status
-        .as_ref()
-        .map(|s| s.version.clone())
-        .unwrap_or_default();
+        .ok_or(sources.len())
+}
 
-    let key = object_key(
-        destination.prefix.as_deref(),
-        &ns,
-        &cluster.name_any(),
-        now,
-        revision,
-        &backup.name_any(),
-    );
-    let info = stream_to(&store, &key, &member).await?;
+/// Streams a snapshot of `member` into `metadata.object_key`, reads the
+/// object back to verify it, and stores `metadata` (size and SHA-256 filled
+/// in) next to it. Returns the metadata key and the metadata.
+pub async fn store_snapshot(
+    store: &Store,
+    member: &MemberClient,
+    mut metadata: SnapshotMetadata,
+) -> Result<(String, SnapshotMetadata), BackupError> {
+    let key = metadata.object_key.clone();
+    let (size, sha256) = stream_to(store, &key, member).await?;
     // Read back what the store holds: a short or altered object is caught here.
-    store.verify(&key, info.0, &info.1).await?;
-
+    store.verify(&key, size, &sha256).await?;
+    metadata.size_bytes = size;
+    metadata.sha256 = sha256;
     let meta_key = metadata_key(&key);
-    let metadata = SnapshotMetadata {
-        namespace: ns,
-        cluster: cluster.name_any(),
-        cluster_uid: cluster.meta().uid.clone().unwrap_or_default(),
-        etcd_version: etcd_version.clone(),
-        revision,
-        size_bytes: info.0,
-        sha256: info.1.clone(),
-        object_key: key.clone(),
-        taken_at: now.to_string(),
-    };
     let json =
         serde_json::to_vec_pretty(&metadata).map_err(|e| BackupError::Metadata(e.to_string()))?;
     store.put_small(&meta_key, json).await?;
-    Ok(Taken {
-        destination,
-        object_key: key,
-        metadata_key: meta_key,
-        size_bytes: info.0,
-        sha256: info.1,
-        revision,
-        etcd_version,
-        member: chosen.member.name.clone(),
-    })
+    Ok((meta_key, metadata))
 }
 
 /// Streams a snapshot of `member` into `key`; returns (bytes, hex SHA-256)
