@@ -856,6 +856,7 @@ pub fn observation_from_status(
         // The version policy is reported on its own line (VersionAccepted).
         requested_version: None,
         downgrade_acknowledged: None,
+        version: crate::etcdcluster::version_change::none(),
         known_voters: members.iter().filter(|m| !m.learner).count() as u32,
         last_failure: None,
         // A running cluster: the restore gate applies only before bootstrap.
@@ -964,6 +965,7 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
         }
         Step::WriteObjects(_) | Step::Bootstrap { .. } => write!(out, "create: {step}"),
         Step::RecoverFromNoSpace | Step::Defragment { .. } => write!(out, "maintenance: {step}"),
+        Step::Version(_) => write!(out, "version: {step}"),
     };
     out
 }

@@ -231,6 +231,10 @@ pub async fn execute(
             }
             Ok(())
         }
+        // Taken by `version_change::act`, which records into the report.
+        Step::Version(step) => Err(Error::Invalid(format!(
+            "{step} is taken by the version-change act"
+        ))),
     }
 }
 

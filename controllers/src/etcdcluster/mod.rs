@@ -19,6 +19,7 @@ pub mod observe;
 pub mod plan;
 pub mod resolve;
 pub mod status;
+pub mod version_change;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,6 +177,9 @@ pub enum Error {
     Pki(#[from] crate::pki::PkiError),
     #[error("{0}")]
     Invalid(String),
+    /// A snapshot before a version change failed (the backup's own reason).
+    #[error("snapshot: {0}")]
+    Snapshot(Box<crate::backup::act::BackupError>),
 }
 
 impl Error {
@@ -187,6 +191,7 @@ impl Error {
             Error::Etcd(e) => e.reason(),
             Error::Pki(e) => e.reason(),
             Error::Invalid(_) => "InvalidObject",
+            Error::Snapshot(e) => e.reason(),
         }
     }
 }
@@ -707,11 +712,17 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
                 outcome = Empty,
                 otel.status_code = Empty
             );
-            let result = traced(
-                span,
-                act::execute(&step, cluster, &resolved, &observed, &workload, ctx),
-            )
-            .await;
+            let result = match &step {
+                // Steps of a version change record into the status.
+                Step::Version(v) => {
+                    let act = version_change::act::execute(v, cluster, &observed, ctx, &mut report);
+                    traced(span, act).await
+                }
+                _ => {
+                    let act = act::execute(&step, cluster, &resolved, &observed, &workload, ctx);
+                    traced(span, act).await
+                }
+            };
             ctx.metrics.observe_step(
                 step.kind(),
                 started.elapsed(),

@@ -423,6 +423,7 @@ pub async fn observe(
                     Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(t.0)).ok()
                 })
                 .unwrap_or(Duration::MAX),
+            message: op.message.clone().unwrap_or_default(),
         })
     });
     let planner = Observation {
@@ -464,6 +465,11 @@ pub async fn observe(
             .annotations()
             .get(etcdfleet_api::version::DOWNGRADE_ANNOTATION)
             .cloned(),
+        version: super::version_change::observe(
+            cluster,
+            resolved.version_change.as_ref(),
+            &pods.values().collect::<Vec<_>>(),
+        ),
         known_voters: old_status.members.iter().filter(|m| !m.learner).count() as u32,
         last_failure,
         // Filled by `crate::restore::gate` when the cluster restores.

@@ -130,6 +130,8 @@ pub struct Observation {
     /// The downgrade the cluster acknowledges
     /// ([`etcdfleet_api::version::DOWNGRADE_ANNOTATION`]), if any.
     pub downgrade_acknowledged: Option<String>,
+    /// What the version rules need beyond this ([`super::version_change`]).
+    pub version: super::version_change::VersionObservation,
     /// Voters the stored status listed last time: a cluster that had members
     /// and now has none answering has lost quorum, it is not bootstrapping.
     pub known_voters: u32,
@@ -174,6 +176,8 @@ pub struct FailedStep {
     pub failures: u32,
     /// Time since the last failure.
     pub age: std::time::Duration,
+    /// What failed, as `status.lastOperation.message` says it.
+    pub message: String,
 }
 
 /// How many failure grace periods a member that does not answer the
@@ -269,6 +273,9 @@ pub enum Step {
         ordinal: u32,
         member_id: u64,
     },
+    /// A step of a change of minor version: a snapshot before it, etcd's
+    /// online downgrade ([`super::version_change`]).
+    Version(super::version_change::VersionStep),
 }
 
 impl Step {
@@ -288,6 +295,7 @@ impl Step {
             Step::RestartMember { .. } => "RestartMember",
             Step::RecoverFromNoSpace => "RecoverFromNoSpace",
             Step::Defragment { .. } => "Defragment",
+            Step::Version(step) => step.kind(),
         }
     }
 
@@ -365,6 +373,7 @@ impl fmt::Display for Step {
             Step::Defragment { ordinal, member_id } => {
                 write!(f, "defragment member {member_id:x} (ordinal {ordinal})")
             }
+            Step::Version(step) => step.fmt(f),
         }
     }
 }
@@ -586,6 +595,13 @@ pub fn plan_next_step(obs: &Observation) -> Plan {
     {
         return Plan::Refuse(refusal.clone());
     }
+    // A change of minor version: its preflight and etcd's online downgrade
+    // come before the StatefulSet write that starts the roll.
+    super::version_change::gate(obs, plan_steps)
+}
+
+/// The rules after the refusals, most urgent first (see the module docs).
+fn plan_steps(obs: &Observation) -> Plan {
     // A step that keeps failing waits out its backoff (no destructive work is
     // redone in a tight loop, e.g. compact + defragment every member).
     if let Some(failed) = &obs.last_failure {
@@ -1261,6 +1277,7 @@ mod tests {
             storage_change: None,
             requested_version: None,
             downgrade_acknowledged: None,
+            version: Default::default(),
             known_voters: n,
             restore: RestoreGate::NotNeeded,
             last_failure: None,
@@ -2163,6 +2180,7 @@ mod tests {
             kind: "RecoverFromNoSpace".into(),
             failures: 3,
             age: std::time::Duration::from_secs(2),
+            message: "RecoverFromNoSpace: etcd unreachable".into(),
         });
         match plan_next_step(&obs) {
             Plan::Hold(why) => assert!(why.contains("failed 3 time(s)"), "{why}"),

@@ -103,6 +103,14 @@ impl Report {
         }
     }
 
+    /// Records the snapshot taken before a change of minor version.
+    pub fn record_version_change_snapshot(
+        &mut self,
+        snapshot: etcdfleet_api::VersionChangeSnapshot,
+    ) {
+        self.new.version_change_snapshot = Some(snapshot);
+    }
+
     /// Records the verified snapshot the seeder is rendered from.
     pub fn record_restore(&mut self, record: &etcdfleet_api::restore::RestoreRecord) {
         self.new.restore = Some(record.clone());

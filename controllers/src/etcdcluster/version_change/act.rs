@@ -1,0 +1,126 @@
+//! Takes the steps of a version change: the snapshot before it (streamed
+//! to the cluster's backup destination as a backup is, verified, and
+//! recorded in `status.versionChangeSnapshot`), etcd's `downgrade
+//! validate`/`enable`/`cancel`, and the withdrawal of the acknowledgement.
+//! The acknowledgement is an annotation on the EtcdCluster: removing it
+//! advances the resourceVersion the reconcile's status write is
+//! conditional on, hence the report.
+
+use etcdfleet_api::backup::resolve_destination;
+use etcdfleet_api::version::DOWNGRADE_ANNOTATION;
+use etcdfleet_api::{EtcdCluster, VersionChangeSnapshot};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch};
+use kube::{Resource, ResourceExt};
+
+use super::VersionStep;
+use crate::backup::act::{BackupError, take_from};
+use crate::backup::store::{Store, read_credentials};
+use crate::etcdcluster::observe::Observed;
+use crate::etcdcluster::status::Report;
+use crate::etcdcluster::{Context, Error, Result};
+
+/// Takes `step` (see [`VersionStep`]).
+pub async fn execute(
+    step: &VersionStep,
+    cluster: &EtcdCluster,
+    observed: &Observed,
+    ctx: &Context,
+    report: &mut Report,
+) -> Result<()> {
+    let no_etcd = || Error::Invalid("etcd did not answer".into());
+    match step {
+        VersionStep::SnapshotBefore { from, to } => {
+            let snapshot = snapshot_before(cluster, observed, ctx, from, to)
+                .await
+                .map_err(|e| Error::Snapshot(Box::new(e)))?;
+            report.record_version_change_snapshot(snapshot);
+            Ok(())
+        }
+        VersionStep::EnableDowngrade { target } => {
+            let etcd = observed.etcd.as_ref().ok_or_else(no_etcd)?;
+            etcd.validate_downgrade(target).await?;
+            etcd.enable_downgrade(target).await?;
+            Ok(())
+        }
+        VersionStep::CancelDowngrade { .. } => {
+            let etcd = observed.etcd.as_ref().ok_or_else(no_etcd)?;
+            etcd.cancel_downgrade().await?;
+            withdraw_acknowledgement(cluster, ctx, report).await
+        }
+        VersionStep::ForgetAcknowledgement { .. } => {
+            withdraw_acknowledgement(cluster, ctx, report).await
+        }
+    }
+}
+
+async fn snapshot_before(
+    cluster: &EtcdCluster,
+    observed: &Observed,
+    ctx: &Context,
+    from: &str,
+    to: &str,
+) -> std::result::Result<VersionChangeSnapshot, BackupError> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let destination = resolve_destination(None, cluster.spec.config.backup.as_ref())?;
+    let credentials = read_credentials(&ctx.management, &ns, &destination).await?;
+    let store = Store::open(&destination, credentials.as_ref())?;
+    let health = observed
+        .health
+        .as_ref()
+        .ok_or_else(|| BackupError::NoHealthyMember("etcd did not answer".into()))?;
+    let now = Timestamp::now();
+    let taken = take_from(
+        &store,
+        destination,
+        cluster,
+        health,
+        &observed.etcd_config,
+        now,
+        &format!("before-{to}"),
+    )
+    .await?;
+    Ok(VersionChangeSnapshot {
+        from: from.to_string(),
+        to: to.to_string(),
+        destination: taken.destination,
+        object_key: taken.object_key,
+        sha256: taken.sha256,
+        size_bytes: i64::try_from(taken.size_bytes).unwrap_or(i64::MAX),
+        revision: taken.revision,
+        member: taken.member,
+        taken_at: now.to_string(),
+    })
+}
+
+/// Removes [`DOWNGRADE_ANNOTATION`] (conditional on the resourceVersion
+/// this reconcile read or wrote last).
+async fn withdraw_acknowledgement(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    report: &mut Report,
+) -> Result<()> {
+    if !cluster.annotations().contains_key(DOWNGRADE_ANNOTATION) {
+        return Ok(());
+    }
+    let api: Api<EtcdCluster> = Api::namespaced(
+        ctx.management.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": report.resource_version().or_else(|| cluster.meta().resource_version.clone()),
+            "annotations": { DOWNGRADE_ANNOTATION: null },
+        }
+    });
+    let patched = api
+        .patch(
+            &cluster.name_any(),
+            &crate::controller_patch_params(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::ManagementApi)?;
+    report.advance_resource_version(patched.metadata.resource_version);
+    Ok(())
+}
