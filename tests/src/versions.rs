@@ -304,3 +304,51 @@ pub async fn downgrade_by_hand(etcd: &mut LocalEtcdCluster, to: &EtcdBinary) -> 
     wait_statuses(etcd, "migrated", |s| s.storage_version == storage).await?;
     roll_by_hand(etcd, to).await
 }
+
+/// Sets (or with `None` removes) an annotation on EtcdCluster `name`.
+pub async fn annotate(fleet: &Fleet, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What each of the 3 members of `name` says in `Status` (version, storage
+/// version, downgrade target).
+pub async fn member_statuses(
+    fleet: &Fleet,
+    workload: &str,
+    name: &str,
+) -> Result<Vec<MemberStatus>> {
+    let (endpoints, config) = etcd_of(fleet, workload, name, 3).await?;
+    let mut seen = Vec::new();
+    for ep in endpoints {
+        let member = etcdfleet_controllers::etcd::MemberClient::connect(&ep, &config).await?;
+        seen.push(member.status().await?);
+    }
+    Ok(seen)
+}
+
+/// Waits (up to 20 s) until every member of `name` says what `ok` wants
+/// (etcd moves storage and cluster versions on its own, within seconds).
+pub async fn wait_member_statuses(
+    fleet: &Fleet,
+    workload: &str,
+    name: &str,
+    ok: impl Fn(&MemberStatus) -> bool,
+) -> Result<Vec<MemberStatus>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = member_statuses(fleet, workload, name).await?;
+        if seen.iter().all(&ok) {
+            return Ok(seen);
+        }
+        ensure!(Instant::now() < deadline, "after 20 s: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
