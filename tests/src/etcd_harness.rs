@@ -560,6 +560,10 @@ pub struct ClusterOptions {
     pub tls: bool,
     /// Extra flags for every member (e.g. `--quota-backend-bytes=...`).
     pub extra_args: Vec<String>,
+    /// Each member also gets the flags the controller renders for its
+    /// release (`version_flags`: corruption checks in that release's
+    /// spelling), as the pods do.
+    pub version_flags: bool,
 }
 
 impl ClusterOptions {
@@ -569,11 +573,18 @@ impl ClusterOptions {
             binary,
             tls: false,
             extra_args: Vec::new(),
+            version_flags: false,
         }
     }
 
     pub fn with_tls(mut self, tls: bool) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Members run with the flags the controller renders for their release.
+    pub fn with_version_flags(mut self) -> Self {
+        self.version_flags = true;
         self
     }
 }
@@ -634,6 +645,7 @@ pub struct LocalEtcdCluster {
     tls: Option<ClusterTls>,
     token: String,
     extra_args: Vec<String>,
+    version_flags: bool,
     dir: tempfile::TempDir,
 }
 
@@ -664,6 +676,7 @@ impl LocalEtcdCluster {
             tls,
             token: format!("etcdfleet-{}", std::process::id()),
             extra_args: options.extra_args,
+            version_flags: options.version_flags,
             dir,
         };
         for _ in 0..options.size {
@@ -798,6 +811,13 @@ impl LocalEtcdCluster {
             ]);
         }
         args.extend(self.extra_args.iter().cloned());
+        if self.version_flags {
+            for flag in etcdfleet_controllers::version_flags::version_flags(&m.binary.release) {
+                if !args.contains(&flag) {
+                    args.push(flag);
+                }
+            }
+        }
         args
     }
 
@@ -846,6 +866,7 @@ impl LocalEtcdCluster {
             tls,
             token: format!("etcdfleet-restored-{}", std::process::id()),
             extra_args: Vec::new(),
+            version_flags: false,
             dir,
         };
         let i = cluster.allocate_member(binary.clone())?;
@@ -886,6 +907,7 @@ impl LocalEtcdCluster {
             tls: None,
             token: format!("etcdfleet-seeded-{}", std::process::id()),
             extra_args: Vec::new(),
+            version_flags: false,
             dir,
         };
         let i = cluster.allocate_member(binary)?;
@@ -1146,6 +1168,20 @@ impl AckedWriter {
     }
 }
 
+/// The acknowledged writes of `report` that `stored` (what was read back)
+/// lacks or holds with another value.
+pub fn lost_writes<'a>(
+    report: &'a WriteReport,
+    stored: &BTreeMap<String, String>,
+) -> Vec<&'a String> {
+    report
+        .acknowledged
+        .iter()
+        .filter(|(k, v)| stored.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .collect()
+}
+
 /// Reads `prefix` back (linearizably, through `endpoints`) and checks every
 /// acknowledged write is there with its value. Returns how many were checked.
 pub async fn verify_acknowledged(
@@ -1169,12 +1205,7 @@ pub async fn verify_acknowledged(
         .iter()
         .map(|kv| Ok((kv.key_str()?.to_string(), kv.value_str()?.to_string())))
         .collect::<Result<_, etcd_client::Error>>()?;
-    let lost: Vec<&String> = report
-        .acknowledged
-        .iter()
-        .filter(|(k, v)| stored.get(*k) != Some(*v))
-        .map(|(k, _)| k)
-        .collect();
+    let lost = lost_writes(report, &stored);
     ensure!(
         lost.is_empty(),
         "{} of {} acknowledged writes lost, first: {:?}",
