@@ -950,7 +950,17 @@ mod tests {
             .nth(1)
             .and_then(|s| s.split("\n## ").next())
             .expect("README has a \"How versions work\" section");
-        let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| 3.")).collect();
+        // Rows of the minors table: the first cell is `3.N` alone.
+        let rows: Vec<&str> = section
+            .lines()
+            .filter(|l| {
+                l.split('|').nth(1).is_some_and(|c| {
+                    c.trim()
+                        .strip_prefix("3.")
+                        .is_some_and(|m| !m.is_empty() && m.chars().all(|d| d.is_ascii_digit()))
+                })
+            })
+            .collect();
         for m in SUPPORTED_MINORS {
             let row = rows
                 .iter()

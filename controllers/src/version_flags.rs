@@ -123,6 +123,40 @@ mod tests {
         }
     }
 
+    /// The README's "Flags per version" table says what this renders: each
+    /// row names a version range and the flags of its first and last patch.
+    #[test]
+    fn the_readme_flags_table_matches_the_rendering() {
+        let readme = include_str!("../../README.md");
+        let section = readme
+            .split("**Flags per version.**")
+            .nth(1)
+            .and_then(|s| s.split("\n\n").nth(1))
+            .expect("README has a flags-per-version table");
+        let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| 3.")).collect();
+        // (row's version cell, versions it covers)
+        let expected: &[(&str, &[&str])] = &[
+            ("3.4.x", &["3.4.0", "3.4.23"]),
+            ("3.5.0–3.5.4", &["3.5.0", "3.5.4"]),
+            ("3.5.5 and later", &["3.5.5", "3.5.35"]),
+            ("3.6.x, 3.7.x", &["3.6.0", "3.6.16", "3.7.0", "3.7.3"]),
+        ];
+        assert_eq!(rows.len(), expected.len(), "{rows:?}");
+        for ((cell, versions), row) in expected.iter().zip(&rows) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            assert_eq!(cells[1], *cell, "{row}");
+            for v in *versions {
+                for flag in version_flags(v) {
+                    // A row that says "also" lists what it adds to the row above.
+                    let shown = cells[2].contains(&format!("`{flag}`"))
+                        || (cells[2].starts_with("also")
+                            && flag == "--experimental-initial-corrupt-check=true");
+                    assert!(shown, "{v}: {flag} is not in the README row {row}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_string_that_is_no_version_adds_nothing() {
         assert!(version_flags("latest").is_empty());
