@@ -16,6 +16,11 @@
 //!    leader last after moving leadership, one at a time, each gated on full
 //!    health.
 //!
+//! Ahead of 1., a change of minor version runs its own rules
+//! ([`super::version_change`]): the preflight (health, a snapshot) and
+//! etcd's online downgrade decide, or hold the StatefulSet write that starts
+//! the roll while the rules here go on.
+//!
 //! Before all of these, refusals: a workload object that belongs to another
 //! owner, lost PKI, a storage change the StatefulSet cannot take, or a version
 //! the members' own reported version forbids. A refusal takes no step at all.

@@ -44,9 +44,14 @@ pub async fn execute(
             Ok(())
         }
         VersionStep::CancelDowngrade { .. } => {
+            // The acknowledgement first: if that write fails, etcd's
+            // downgrade is still enabled and this step comes again; if the
+            // cancel fails after it, the planner asks for the cancel again
+            // (it follows etcd's target, not the annotation).
+            withdraw_acknowledgement(cluster, ctx, report).await?;
             let etcd = observed.etcd.as_ref().ok_or_else(no_etcd)?;
             etcd.cancel_downgrade().await?;
-            withdraw_acknowledgement(cluster, ctx, report).await
+            Ok(())
         }
         VersionStep::ForgetAcknowledgement { .. } => {
             withdraw_acknowledgement(cluster, ctx, report).await
