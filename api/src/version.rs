@@ -414,6 +414,17 @@ pub fn decide_with(
     Ok(VersionChange::MinorUpgrade { from, to })
 }
 
+/// [`decide_with`], the acknowledgement read from a cluster's annotations
+/// ([`DOWNGRADE_ANNOTATION`]).
+pub fn decide_for(
+    current: Option<&str>,
+    requested: &str,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<VersionChange, VersionRejection> {
+    let acknowledged = annotations.get(DOWNGRADE_ANNOTATION).map(String::as_str);
+    decide_with(current, requested, acknowledged)
+}
+
 /// A lower `to`: only one minor down, from a minor with the online downgrade
 /// API, to a patch that may move up again, and only when acknowledged.
 fn decide_downgrade(

@@ -1,3 +1,4 @@
+pub mod access;
 pub mod backup;
 pub mod cli;
 pub mod config;
@@ -9,10 +10,13 @@ pub mod etcdcluster;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod names;
 pub mod pki;
 pub mod render;
 pub mod restore;
 pub mod runner;
+pub mod snapshot;
+pub mod store;
 pub mod telemetry;
 pub mod version_flags;
 

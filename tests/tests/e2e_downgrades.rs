@@ -15,8 +15,7 @@ use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::conditions::{self, CONFLICT, VERSION_ACCEPTED};
 use etcdfleet_api::version::DOWNGRADE_ANNOTATION;
 use etcdfleet_controllers::etcdcluster::Outcome;
-use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step};
-use etcdfleet_controllers::etcdcluster::version_change::VersionStep;
+use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step, VersionStep};
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::scenario::{

@@ -13,8 +13,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::conditions::{self, VERSION_ACCEPTED, VERSION_SUPPORTED};
 use etcdfleet_controllers::etcdcluster::Outcome;
-use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step};
-use etcdfleet_controllers::etcdcluster::version_change::VersionStep;
+use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step, VersionStep};
 use etcdfleet_tests::etcd_harness::{EtcdBinary, EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::scenario::{

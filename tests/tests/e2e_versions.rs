@@ -702,42 +702,44 @@ async fn flags_per_version_every_supported_release_starts_as_a_3_member_tls_clus
                 .runtime("a")
                 .pod_log_tail(WORKLOAD_NS, &names.pod(ordinal), 100_000);
             let logged = |field: &str| log.contains(&format!("\"{field}\":true"));
-            if binary.release.starts_with("3.4.") || binary.release.starts_with("3.5.") {
-                assert!(
-                    logged("initial-corrupt-check"),
-                    "{} ({}) started without the initial corruption check",
-                    names.pod(ordinal),
-                    binary.release
+            let ip = fleet
+                .runtime("a")
+                .resolve(&names.member_host(ordinal))
+                .context("pod ip")?;
+            let metrics =
+                etcdfleet_tests::etcd_harness::http_get(&format!("{ip}:2381"), "/metrics")?;
+            let reported = |gate: &str| {
+                metrics.lines().any(|l| {
+                    l.starts_with("etcd_server_feature_enabled{")
+                        && l.contains(&format!("name=\"{gate}\""))
+                        && l.ends_with(" 1")
+                })
+            };
+            let mut parts = binary.release.split('.').skip(1).map(|p| p.parse::<u64>());
+            let (minor, patch) = (
+                parts.next().context("minor")??,
+                parts.next().context("patch")??,
+            );
+            let pod = names.pod(ordinal);
+            let release = &binary.release;
+            // 3.4 and 3.5 log the checks in their server configuration (3.6
+            // logs the deprecated field as false); 3.6+ report the gates.
+            assert_eq!(
+                logged("initial-corrupt-check"),
+                minor < 6,
+                "{pod} ({release}): initial corruption check in the logged configuration"
+            );
+            assert_eq!(
+                logged("compact-check-time-enabled"),
+                minor == 5 && patch >= 5,
+                "{pod} ({release}): compact-hash check in the logged configuration"
+            );
+            for gate in ["InitialCorruptCheck", "CompactHashCheck"] {
+                assert_eq!(
+                    reported(gate),
+                    minor >= 6,
+                    "{pod} ({release}): feature gate {gate} reported enabled"
                 );
-            }
-            let patch: u64 = binary.release.rsplit('.').next().unwrap().parse()?;
-            if binary.release.starts_with("3.5.") && patch >= 5 {
-                assert!(
-                    logged("compact-check-time-enabled"),
-                    "{} ({}) started without the compact-hash check",
-                    names.pod(ordinal),
-                    binary.release
-                );
-            }
-            if !binary.release.starts_with("3.4.") && !binary.release.starts_with("3.5.") {
-                let ip = fleet
-                    .runtime("a")
-                    .resolve(&names.member_host(ordinal))
-                    .context("pod ip")?;
-                let metrics =
-                    etcdfleet_tests::etcd_harness::http_get(&format!("{ip}:2381"), "/metrics")?;
-                for gate in ["InitialCorruptCheck", "CompactHashCheck"] {
-                    assert!(
-                        metrics
-                            .lines()
-                            .any(|l| l.starts_with("etcd_server_feature_enabled{")
-                                && l.contains(&format!("name=\"{gate}\""))
-                                && l.ends_with(" 1")),
-                        "{} ({}) does not report {gate} enabled",
-                        names.pod(ordinal),
-                        binary.release
-                    );
-                }
             }
         }
         eprintln!(

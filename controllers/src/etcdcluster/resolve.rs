@@ -10,9 +10,7 @@
 //! changing only fields that still hold the values written last time.
 
 use etcdfleet_api::template::{Resolution, ResolveError, ResolvedEtcdSpec, materialize, resolve};
-use etcdfleet_api::version::{
-    DOWNGRADE_ANNOTATION, VersionChange, decide_with, image_for, parse_full_version,
-};
+use etcdfleet_api::version::{VersionChange, decide_for, image_for, parse_full_version};
 use etcdfleet_api::{
     ClusterEtcdTemplate, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTemplate, EtcdTuning,
     FIELD_MANAGER, StorageSpec, TemplateKind, TlsSpec,
@@ -24,9 +22,7 @@ use super::status::Report;
 use super::{Context, Error, Result};
 use crate::render::RenderInputs;
 
-/// Annotation that asks the controller to move a cluster onto the current
-/// revision of its template. Removed by the controller once done.
-pub const REBASE_ANNOTATION: &str = "etcdfleet.dev/rebase-template";
+pub use etcdfleet_api::template::REBASE_ANNOTATION;
 /// Annotation holding the template values last written into the spec (JSON),
 /// so a rebase can tell a user's edit from a template default.
 pub const MATERIALIZED_ANNOTATION: &str = "etcdfleet.dev/materialized-values";
@@ -195,12 +191,7 @@ pub async fn resolve_cluster(
         .as_ref()
         .and_then(|s| s.current_version.clone());
     let requested = resolution.spec.version.to_string();
-    let acknowledged = cluster.annotations().get(DOWNGRADE_ANNOTATION);
-    let version_change = match decide_with(
-        current.as_deref(),
-        &requested,
-        acknowledged.map(String::as_str),
-    ) {
+    let version_change = match decide_for(current.as_deref(), &requested, cluster.annotations()) {
         Ok(change) => {
             report.version_accepted(&change);
             report.version_support(change.target());

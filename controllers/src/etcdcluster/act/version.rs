@@ -1,10 +1,12 @@
-//! Takes the steps of a version change: the snapshot before it (streamed
-//! to the cluster's backup destination as a backup is, verified, and
-//! recorded in `status.versionChangeSnapshot`), etcd's `downgrade
-//! validate`/`enable`/`cancel`, and the withdrawal of the acknowledgement.
-//! The acknowledgement is an annotation on the EtcdCluster: removing it
-//! advances the resourceVersion the reconcile's status write is
-//! conditional on, hence the report.
+//! The steps of a version change (`plan::VersionStep`): the snapshot before
+//! it (streamed to the cluster's backup destination as a backup is,
+//! verified, and recorded in `status.versionChangeSnapshot`), etcd's
+//! `downgrade validate`/`enable`/`cancel`, and the withdrawal of the
+//! acknowledgement. They record into the report: the snapshot into the
+//! status, and removing the acknowledgement (an annotation on the
+//! EtcdCluster) advances the resourceVersion the status write is
+//! conditional on. The pipeline hands them here instead of to
+//! [`super::execute`].
 
 use etcdfleet_api::backup::resolve_destination;
 use etcdfleet_api::version::DOWNGRADE_ANNOTATION;
@@ -13,12 +15,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch};
 use kube::{Resource, ResourceExt};
 
-use super::VersionStep;
-use crate::backup::act::{BackupError, take_from};
-use crate::backup::store::{Store, read_credentials};
+use crate::etcdcluster::context::{Context, Error, Result};
 use crate::etcdcluster::observe::Observed;
+use crate::etcdcluster::plan::VersionStep;
 use crate::etcdcluster::status::Report;
-use crate::etcdcluster::{Context, Error, Result};
+use crate::snapshot::take_from;
+use crate::store::{Store, read_credentials};
 
 /// Takes `step` (see [`VersionStep`]).
 pub async fn execute(
@@ -31,9 +33,7 @@ pub async fn execute(
     let no_etcd = || Error::Invalid("etcd did not answer".into());
     match step {
         VersionStep::SnapshotBefore { from, to } => {
-            let snapshot = snapshot_before(cluster, observed, ctx, from, to)
-                .await
-                .map_err(|e| Error::Snapshot(Box::new(e)))?;
+            let snapshot = snapshot_before(cluster, observed, ctx, from, to).await?;
             report.record_version_change_snapshot(snapshot);
             Ok(())
         }
@@ -65,16 +65,23 @@ async fn snapshot_before(
     ctx: &Context,
     from: &str,
     to: &str,
-) -> std::result::Result<VersionChangeSnapshot, BackupError> {
+) -> Result<VersionChangeSnapshot> {
+    let failed = |reason: &'static str, e: &dyn std::fmt::Display| Error::Snapshot {
+        reason,
+        message: e.to_string(),
+    };
     let ns = cluster.namespace().unwrap_or_default();
-    let destination = resolve_destination(None, cluster.spec.config.backup.as_ref())?;
-    let credentials = read_credentials(&ctx.management, &ns, &destination).await?;
-    let store = Store::open(&destination, credentials.as_ref())?;
-    let health = observed
-        .health
-        .as_ref()
-        .ok_or_else(|| BackupError::NoHealthyMember("etcd did not answer".into()))?;
+    let destination = resolve_destination(None, cluster.spec.config.backup.as_ref())
+        .map_err(|e| failed("NoDestination", &e))?;
+    let credentials = read_credentials(&ctx.management, &ns, &destination)
+        .await
+        .map_err(|e| failed(e.reason(), &e))?;
+    let store =
+        Store::open(&destination, credentials.as_ref()).map_err(|e| failed(e.reason(), &e))?;
+    let health = (observed.health.as_ref())
+        .ok_or_else(|| failed("NoHealthyMember", &"etcd did not answer"))?;
     let now = Timestamp::now();
+    let name = format!("before-{to}");
     let taken = take_from(
         &store,
         destination,
@@ -82,9 +89,10 @@ async fn snapshot_before(
         health,
         &observed.etcd_config,
         now,
-        &format!("before-{to}"),
+        &name,
     )
-    .await?;
+    .await
+    .map_err(|e| failed(e.reason(), &e))?;
     Ok(VersionChangeSnapshot {
         from: from.to_string(),
         to: to.to_string(),
