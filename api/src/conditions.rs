@@ -10,6 +10,10 @@ pub const DEGRADED: &str = "Degraded";
 pub const REMOTE_REACHABLE: &str = "RemoteReachable";
 pub const TEMPLATE_RESOLVED: &str = "TemplateResolved";
 pub const VERSION_ACCEPTED: &str = "VersionAccepted";
+/// Whether the etcd project still supports the version the cluster runs (or
+/// moves to): `False` with `EndOfSupport` or `NotRecommended` and the upgrade
+/// path. A warning only: nothing is refused for it.
+pub const VERSION_SUPPORTED: &str = "VersionSupported";
 /// True while the controller refuses to act because acting would harm data or
 /// another owner: a workload object owned by someone else, a changed identity
 /// (workload cluster, namespace, TLS), lost PKI, an untakeable storage change.

@@ -395,6 +395,38 @@ pub struct EtcdClusterStatus {
     /// as verified before the first workload write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<crate::restore::RestoreRecord>,
+
+    /// The snapshot taken before the last change of etcd minor version (an
+    /// upgrade to the next minor, or an online downgrade), when the cluster
+    /// has a backup destination (`spec.backup.destination`). A new cluster
+    /// can be restored from it (`spec.bootstrap.restore` with its
+    /// destination, `objectKey` and `sha256`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_change_snapshot: Option<VersionChangeSnapshot>,
+}
+
+/// A snapshot taken, stored and verified before a change of minor version.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionChangeSnapshot {
+    /// The version the cluster ran.
+    pub from: String,
+    /// The version it was about to move to.
+    pub to: String,
+    /// Where the snapshot is.
+    pub destination: ObjectStoreDestination,
+    /// Key of the snapshot object.
+    pub object_key: String,
+    /// Hex SHA-256 of the object, verified against what was stored.
+    pub sha256: String,
+    /// Bytes of the object.
+    pub size_bytes: i64,
+    /// The member's revision when the snapshot started (it holds at least this).
+    pub revision: i64,
+    /// The member the snapshot was streamed from.
+    pub member: String,
+    /// When it was taken (RFC 3339).
+    pub taken_at: String,
 }
 
 /// What identifies the etcd an EtcdCluster manages.

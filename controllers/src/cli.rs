@@ -21,7 +21,7 @@ use std::time::Duration;
 use etcdfleet_api::conditions;
 use etcdfleet_api::template::{Resolution, ResolveError, resolve};
 use etcdfleet_api::validation::validate_object;
-use etcdfleet_api::version::{VersionChange, VersionRejection, decide, parse_full_version};
+use etcdfleet_api::version::{VersionChange, VersionRejection, decide_for, parse_full_version};
 use etcdfleet_api::{
     ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdTemplate, MemberStatus, TemplateKind,
 };
@@ -527,6 +527,9 @@ impl fmt::Display for VersionVerdict {
             VersionVerdict::Accepted(VersionChange::MinorUpgrade { from, to }) => {
                 write!(f, "accepted: minor upgrade from {from} to {to}")
             }
+            VersionVerdict::Accepted(VersionChange::Downgrade { from, to }) => {
+                write!(f, "accepted: online downgrade from {from} to {to}")
+            }
             VersionVerdict::Rejected(r) => write!(
                 f,
                 "rejected: VersionAccepted=False ({}): {}",
@@ -666,7 +669,7 @@ pub fn plan_cluster(
     let status = cluster.status.clone().unwrap_or_default();
     let current = status.current_version.clone();
     let requested = resolution.spec.version.to_string();
-    let verdict = match decide(current.as_deref(), &requested) {
+    let verdict = match decide_for(current.as_deref(), &requested, cluster.annotations()) {
         Ok(change) => VersionVerdict::Accepted(change),
         Err(r) => VersionVerdict::Rejected(r),
     };
@@ -762,6 +765,8 @@ pub fn observation_from_status(
         storage_change: None,
         // The version policy is reported on its own line (VersionAccepted).
         requested_version: None,
+        downgrade_acknowledged: None,
+        version: Default::default(),
         known_voters: members.iter().filter(|m| !m.learner).count() as u32,
         last_failure: None,
         // A running cluster: the restore gate applies only before bootstrap.
@@ -830,7 +835,7 @@ fn member_observations(
                 db_size: m.db_size_bytes.unwrap_or(0),
                 db_size_in_use: m.db_size_in_use_bytes.unwrap_or(0),
                 is_learner: m.learner,
-                errors: Vec::new(),
+                ..Default::default()
             });
             MemberObservation {
                 member,
@@ -1017,6 +1022,7 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
         }
         Step::WriteObjects(_) | Step::Bootstrap { .. } => write!(out, "create: {step}"),
         Step::RecoverFromNoSpace | Step::Defragment { .. } => write!(out, "maintenance: {step}"),
+        Step::Version(_) => write!(out, "version: {step}"),
     };
     out
 }

@@ -15,8 +15,10 @@ pub mod pki;
 pub mod render;
 pub mod restore;
 pub mod runner;
+pub mod snapshot;
 pub mod store;
 pub mod telemetry;
+pub mod version_flags;
 
 /// Parameters of the controller's non-apply patches: every write names the
 /// controller's field manager, so `managedFields` on a real API server shows

@@ -120,6 +120,9 @@ pub struct RenderProfile {
     /// Stamp the StatefulSet with [`RenderInputs::legacy_statefulset_hash`],
     /// as releases before bootstrap-only inputs were left out did.
     pub legacy_inputs_hash: bool,
+    /// Render etcd's command line without the per-version flags
+    /// ([`crate::version_flags`]), as releases before them did.
+    pub legacy_flags: bool,
 }
 
 impl RenderProfile {
@@ -517,8 +520,26 @@ fn member_env(names: &Names) -> Vec<EnvVar> {
     ]
 }
 
-/// etcd's command line for a member; `$(POD_NAME)` is expanded by the kubelet.
+/// etcd's command line for a member as this release renders it; `$(POD_NAME)`
+/// is expanded by the kubelet.
 pub fn etcd_args(inputs: &RenderInputs) -> Vec<String> {
+    etcd_args_for(inputs, &RenderProfile::default())
+}
+
+/// etcd's command line as `profile` renders it: the flags every version
+/// shares, then those of the version that runs ([`crate::version_flags`]).
+/// Changing these changes no inputs hash: a StatefulSet written by an
+/// earlier release keeps its command line until its inputs change.
+pub fn etcd_args_for(inputs: &RenderInputs, profile: &RenderProfile) -> Vec<String> {
+    let mut args = shared_etcd_args(inputs);
+    if !profile.legacy_flags {
+        args.extend(crate::version_flags::version_flags(&inputs.version));
+    }
+    args
+}
+
+/// The flags every supported etcd version accepts with the same meaning.
+fn shared_etcd_args(inputs: &RenderInputs) -> Vec<String> {
     let s = scheme(inputs.tls);
     let host = member_host_template(inputs);
     let mut args = vec![
@@ -583,7 +604,7 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
     let pod_labels = pod_labels(inputs, profile, &names);
     let (mounts, mut volumes) = member_volumes(inputs, &names);
     let data_mount = mounts[0].clone();
-    let container = etcd_container(inputs, &names, mounts);
+    let container = etcd_container(inputs, profile, &names, mounts);
     let init_containers = inputs.restore.as_ref().map(|record| {
         let (containers, volume) = restore_init_containers(inputs, record, &data_mount);
         volumes.push(volume);
@@ -716,13 +737,18 @@ fn etcd_probe(failure_threshold: i32, initial_delay: i32) -> Probe {
 }
 
 /// The etcd container.
-fn etcd_container(inputs: &RenderInputs, names: &Names, mounts: Vec<VolumeMount>) -> Container {
+fn etcd_container(
+    inputs: &RenderInputs,
+    profile: &RenderProfile,
+    names: &Names,
+    mounts: Vec<VolumeMount>,
+) -> Container {
     Container {
         name: "etcd".to_string(),
         image: Some(inputs.image.clone()),
         image_pull_policy: Some("IfNotPresent".to_string()),
         command: Some(vec!["etcd".to_string()]),
-        args: Some(etcd_args(inputs)),
+        args: Some(etcd_args_for(inputs, profile)),
         env: Some(member_env(names)),
         ports: Some(vec![
             ContainerPort {

@@ -1,26 +1,84 @@
-//! How close the controller's operations come to etcd's own floor: a
-//! rolling upgrade 3.4 → 3.5 of 3 members and a scale-out 3 → 5, each done
-//! once by the controller in the test world (its own requeue policy decides
-//! when it looks again; the runtime syncs every 100 ms like a kubelet) and
-//! once by this bench directly with the etcd binaries (same restarts, same
-//! order: followers first, leader last after a leadership move; learners
-//! added, started and promoted one by one; mutual TLS on client and peer
-//! ports and the same heartbeat and election timeouts as the pods, since
-//! etcd's shutdown and joins differ with TLS).
+//! How close the controller's operations come to etcd's own floor: every
+//! version path the policy allows (3.4 → 3.5, an old 3.5 patch → the
+//! newest, 3.5 → 3.6, 3.6 → 3.7, and the online downgrades 3.6 → 3.5 and
+//! 3.7 → 3.6) on 3 members, and a scale-out 3 → 5. Each is done once by the
+//! controller in the test world (its own requeue policy decides when it
+//! looks again; the runtime syncs every 100 ms like a kubelet) and once by
+//! this bench by hand with etcd's own calls on the same binaries (same
+//! restarts, same order: followers first, leader last after a leadership
+//! move; for a downgrade `validate`, `enable` and the wait for every
+//! member's storage version first; learners added, started and promoted one
+//! by one; mutual TLS on client and peer ports, the heartbeat and election
+//! timeouts of the pods and the flags the controller renders for each
+//! release). A writer runs through every version path, both ways; each
+//! acknowledged write is read back afterwards.
 //!
-//! `cargo bench -p etcdfleet-tests --bench operations`. Prints
-//! `upgrade controller_s=<s> floor_s=<s> ratio=<r>` and the same for
-//! `scale_out`.
+//! `cargo bench -p etcdfleet-tests --bench operations`. Prints, per path,
+//! `<path> controller_s=<s> floor_s=<s> ratio=<r> acknowledged=<n> lost=0`
+//! (a lost write fails the bench, naming it). `ETCDFLEET_BENCH_ONLY=<path>`
+//! runs one path (`scale_out` for the scale-out).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::version::DOWNGRADE_ANNOTATION;
 use etcdfleet_controllers::etcdcluster::{Outcome, ReconcilerSettings, in_flight_requeue};
 use etcdfleet_tests::driver::TestController;
-use etcdfleet_tests::etcd_harness::{ClusterOptions, EtcdVersion, LocalEtcdCluster, require_etcd};
+use etcdfleet_tests::etcd_harness::{
+    AckedWriter, ClusterOptions, EtcdBinary, EtcdVersion, LocalEtcdCluster, require_etcd,
+    verify_acknowledged,
+};
 use etcdfleet_tests::fleet::Fleet;
-use etcdfleet_tests::scenario::{NS, cluster, converge_all, create, get, patch_spec};
+use etcdfleet_tests::scenario::{NS, cluster, converge_all, create, etcd_of, get, patch_spec};
+use etcdfleet_tests::versions::{annotate, downgrade_by_hand, roll_by_hand};
+
+/// One version path.
+struct VersionPath {
+    name: &'static str,
+    from: EtcdVersion,
+    to: EtcdVersion,
+    downgrade: bool,
+}
+
+const PATHS: &[VersionPath] = &[
+    VersionPath {
+        name: "upgrade_3_4_to_3_5",
+        from: EtcdVersion::V3_4,
+        to: EtcdVersion::V3_5Latest,
+        downgrade: false,
+    },
+    VersionPath {
+        name: "upgrade_3_5_patch",
+        from: EtcdVersion::V3_5Old,
+        to: EtcdVersion::V3_5Latest,
+        downgrade: false,
+    },
+    VersionPath {
+        name: "upgrade_3_5_to_3_6",
+        from: EtcdVersion::V3_5Latest,
+        to: EtcdVersion::V3_6,
+        downgrade: false,
+    },
+    VersionPath {
+        name: "upgrade_3_6_to_3_7",
+        from: EtcdVersion::V3_6,
+        to: EtcdVersion::V3_7,
+        downgrade: false,
+    },
+    VersionPath {
+        name: "downgrade_3_6_to_3_5",
+        from: EtcdVersion::V3_6,
+        to: EtcdVersion::V3_5Latest,
+        downgrade: true,
+    },
+    VersionPath {
+        name: "downgrade_3_7_to_3_6",
+        from: EtcdVersion::V3_7,
+        to: EtcdVersion::V3_6,
+        downgrade: true,
+    },
+];
 
 /// Reconciles `name` the way the controller's loop would (its in-flight
 /// requeue delays, 5 s after an error as `error_policy`) until converged
@@ -60,7 +118,17 @@ fn production_like() -> ReconcilerSettings {
     }
 }
 
-async fn controller_upgrade() -> Result<Duration> {
+/// What one side of a path measured.
+struct Measured {
+    took: Duration,
+    acknowledged: usize,
+}
+
+async fn controller_path(
+    path: &VersionPath,
+    from: &EtcdBinary,
+    to: &EtcdBinary,
+) -> Result<Measured> {
     let fleet = Fleet::new(&["a"]).await?;
     let mut ctl = TestController::new(
         fleet.management(),
@@ -68,18 +136,50 @@ async fn controller_upgrade() -> Result<Duration> {
         fleet.dialer(),
         production_like(),
     );
-    create(&fleet, &cluster("up", "a", 3, "3.4.23")).await?;
+    create(&fleet, &cluster("up", "a", 3, &from.release)).await?;
     converge_all(&fleet, &mut ctl, &["up"]).await?;
     let _sync = fleet.spawn_background_sync(Duration::from_millis(100));
-    patch_spec(&fleet, "up", serde_json::json!({ "version": "3.5.1" })).await?;
+    let (endpoints, config) = etcd_of(&fleet, "a", "up", 3).await?;
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "/bench").await?;
+    if path.downgrade {
+        annotate(&fleet, "up", DOWNGRADE_ANNOTATION, Some(&to.release)).await?;
+    }
+    patch_spec(&fleet, "up", serde_json::json!({ "version": to.release })).await?;
+    let want = to.release.clone();
     let took = drive(&fleet, &ctl, "up", |c| {
-        c.status
-            .as_ref()
-            .is_some_and(|s| s.current_version.as_deref() == Some("3.5.1") && s.ready_members == 3)
+        c.status.as_ref().is_some_and(|s| {
+            s.current_version.as_deref() == Some(want.as_str()) && s.ready_members == 3
+        })
     })
     .await;
+    let report = writer.stop().await?;
+    let acknowledged = verify_acknowledged(&report, &endpoints, &config, "/bench").await?;
     fleet.shutdown().await;
-    took
+    Ok(Measured {
+        took: took?,
+        acknowledged,
+    })
+}
+
+/// The same path by hand on a local TLS cluster of the same binaries.
+async fn floor_path(path: &VersionPath, from: &EtcdBinary, to: &EtcdBinary) -> Result<Measured> {
+    let options = ClusterOptions::new(3, from.clone())
+        .with_tls(true)
+        .with_version_flags();
+    let mut etcd = LocalEtcdCluster::start(options).await?;
+    let endpoints = etcd.client_urls();
+    let config = etcd.etcd_config();
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "/bench").await?;
+    let started = Instant::now();
+    if path.downgrade {
+        downgrade_by_hand(&mut etcd, to).await?;
+    } else {
+        roll_by_hand(&mut etcd, to).await?;
+    }
+    let took = started.elapsed();
+    let report = writer.stop().await?;
+    let acknowledged = verify_acknowledged(&report, &endpoints, &config, "/bench").await?;
+    Ok(Measured { took, acknowledged })
 }
 
 async fn controller_scale_out() -> Result<Duration> {
@@ -90,7 +190,8 @@ async fn controller_scale_out() -> Result<Duration> {
         fleet.dialer(),
         production_like(),
     );
-    create(&fleet, &cluster("wide", "b", 3, "3.5.1")).await?;
+    let binary = require_etcd(EtcdVersion::V3_5Latest).context("etcd 3.5")?;
+    create(&fleet, &cluster("wide", "b", 3, &binary.release)).await?;
     converge_all(&fleet, &mut ctl, &["wide"]).await?;
     let _sync = fleet.spawn_background_sync(Duration::from_millis(100));
     patch_spec(&fleet, "wide", serde_json::json!({ "replicas": 5 })).await?;
@@ -102,39 +203,13 @@ async fn controller_scale_out() -> Result<Duration> {
     took
 }
 
-/// Followers restarted onto 3.5 one at a time (each healthy before the
-/// next), leadership moved to an upgraded member, the old leader last.
-async fn floor_upgrade() -> Result<Duration> {
-    let old = require_etcd(EtcdVersion::V3_4).context("etcd 3.4")?;
-    let new = require_etcd(EtcdVersion::V3_5).context("etcd 3.5")?;
-    let mut etcd = LocalEtcdCluster::start(ClusterOptions::new(3, old).with_tls(true)).await?;
-    let started = Instant::now();
-    let (_, leader) = etcd.cluster_client().await?.leader().await?;
-    let mut ids = Vec::new();
-    for i in 0..3 {
-        ids.push(etcd.member_id(i).await?);
-    }
-    let leader_slot = ids
-        .iter()
-        .position(|id| *id == leader.member_id)
-        .context("leader is not a member")?;
-    let followers: Vec<usize> = (0..3).filter(|i| *i != leader_slot).collect();
-    for &i in &followers {
-        etcd.restart(i, Some(new.clone())).await?;
-    }
-    etcd.cluster_client()
-        .await?
-        .move_leader(ids[followers[0]])
-        .await?;
-    etcd.restart(leader_slot, Some(new.clone())).await?;
-    Ok(started.elapsed())
-}
-
 /// Two learners added, started and promoted one after the other.
 async fn floor_scale_out() -> Result<Duration> {
-    let binary = require_etcd(EtcdVersion::V3_5).context("etcd 3.5")?;
-    let mut etcd =
-        LocalEtcdCluster::start(ClusterOptions::new(3, binary.clone()).with_tls(true)).await?;
+    let binary = require_etcd(EtcdVersion::V3_5Latest).context("etcd 3.5")?;
+    let options = ClusterOptions::new(3, binary.clone())
+        .with_tls(true)
+        .with_version_flags();
+    let mut etcd = LocalEtcdCluster::start(options).await?;
     let started = Instant::now();
     for _ in 0..2 {
         etcd.scale_out_with_module(binary.clone()).await?;
@@ -163,29 +238,32 @@ async fn main() -> Result<()> {
         );
         return Ok(());
     }
-    if require_etcd(EtcdVersion::V3_4).is_none() || require_etcd(EtcdVersion::V3_5).is_none() {
-        return Ok(());
-    }
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
             .init();
     }
-    // `ETCDFLEET_BENCH_ONLY=upgrade|scale_out` runs one of the two.
     let only = std::env::var("ETCDFLEET_BENCH_ONLY").ok();
     let wanted = |what: &str| only.as_deref().is_none_or(|o| o == what);
-    let mut lines = Vec::new();
-    if wanted("upgrade") {
-        let upgrade = (controller_upgrade().await?, floor_upgrade().await?);
-        lines.push(line("upgrade", upgrade.0, upgrade.1));
+    for path in PATHS.iter().filter(|p| wanted(p.name)) {
+        let (Some(from), Some(to)) = (require_etcd(path.from), require_etcd(path.to)) else {
+            continue;
+        };
+        let controller = controller_path(path, &from, &to).await?;
+        let floor = floor_path(path, &from, &to).await?;
+        println!(
+            "{} ({} -> {}) acknowledged={}/{} lost=0",
+            line(path.name, controller.took, floor.took),
+            from.release,
+            to.release,
+            controller.acknowledged,
+            floor.acknowledged
+        );
     }
     if wanted("scale_out") {
         let scale_out = (controller_scale_out().await?, floor_scale_out().await?);
-        lines.push(line("scale_out", scale_out.0, scale_out.1));
-    }
-    for l in lines {
-        println!("{l}");
+        println!("{}", line("scale_out", scale_out.0, scale_out.1));
     }
     Ok(())
 }

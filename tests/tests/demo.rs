@@ -3,7 +3,9 @@
 //! replaced by a member with a new id.
 
 use anyhow::{Context as _, Result};
-use etcdfleet_tests::demo::{DemoOptions, WORKLOADS, check_mount_namespaces, run_demo};
+use etcdfleet_tests::demo::{
+    DemoOptions, UPGRADE_FROM, UPGRADE_TO, WORKLOADS, check_mount_namespaces, run_demo,
+};
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 
 /// The cell of `row` under the column titled `title` in `header`.
@@ -19,9 +21,17 @@ fn cell<'a>(header: &str, row: &'a str, title: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_demo_completes_every_phase_and_heals_the_broken_member() -> Result<()> {
-    if require_etcd(EtcdVersion::V3_5).is_none() || require_etcd(EtcdVersion::V3_4).is_none() {
+    let (Some(v35), Some(v36)) = (
+        require_etcd(EtcdVersion::V3_5Latest),
+        require_etcd(EtcdVersion::V3_6),
+    ) else {
         return Ok(());
-    }
+    };
+    assert_eq!(
+        (UPGRADE_FROM, UPGRADE_TO),
+        (v35.release.as_str(), v36.release.as_str()),
+        "the demo runs the releases hack/upstream pins"
+    );
     if let Err(why) = check_mount_namespaces() {
         println!("SKIPPED: {why}");
         assert!(
@@ -62,7 +72,7 @@ async fn the_demo_completes_every_phase_and_heals_the_broken_member() -> Result<
         summary.phases[3].steps
     );
 
-    // The upgrade restarted every payments member onto 3.5, one at a time.
+    // The upgrade restarted every payments member onto 3.6, one at a time.
     let restarts = summary.phases[4]
         .steps
         .iter()
@@ -82,7 +92,12 @@ async fn the_demo_completes_every_phase_and_heals_the_broken_member() -> Result<
             .with_context(|| format!("{name} not in the table:\n{}", summary.final_table))?;
         assert_eq!(cell(header, row, "AVAILABLE"), "True", "{row}");
         assert_eq!(cell(header, row, "MEMBERS"), "3/3", "{row}");
-        assert_eq!(cell(header, row, "VERSION"), "3.5.1", "{row}");
+        let version = if name == "payments" {
+            UPGRADE_TO
+        } else {
+            UPGRADE_FROM
+        };
+        assert_eq!(cell(header, row, "VERSION"), version, "{row}");
     }
     assert_eq!(summary.clusters.len(), 3);
     assert!(summary.clusters.iter().all(|c| c.available && c.ready == 3));

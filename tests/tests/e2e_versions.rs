@@ -23,6 +23,7 @@ use etcdfleet_tests::scenario::{
     NS, WORKLOAD_NS, cluster, cluster_version, controller, converge_all, create, etcd_of,
     fast_raft, get, patch_spec, put, read_everywhere, running,
 };
+use etcdfleet_tests::versions::{check_flags, pods_run_their_releases_flags};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -514,6 +515,7 @@ async fn a_cluster_written_by_the_previous_release_is_neither_rewritten_nor_roll
     let mut ctl = controller(&fleet);
     let previous = RenderProfile {
         legacy_inputs_hash: true,
+        legacy_flags: true,
         ..Default::default()
     };
     ctl.upgrade_to(previous);
@@ -638,5 +640,192 @@ async fn a_second_materialization_keeps_the_written_fields_and_a_rebase_removes_
         Some(Quantity("1Gi".into())),
         "storage is immutable: kept"
     );
+    Ok(())
+}
+
+/// Every supported release starts from the flags the controller renders for
+/// it, as a 3-member mutual-TLS cluster: corruption checks on in each
+/// release's spelling (etcd logs its initial check; 3.6+ report both
+/// feature gates enabled), no `--experimental-*` on 3.7, no
+/// `--feature-gates` before 3.6 (etcd refuses unknown flags, so a member
+/// that runs accepted its command line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flags_per_version_every_supported_release_starts_as_a_3_member_tls_cluster() -> Result<()>
+{
+    let mut binaries = Vec::new();
+    for version in [
+        EtcdVersion::V3_4,
+        EtcdVersion::V3_5Old,
+        EtcdVersion::V3_5Latest,
+        EtcdVersion::V3_6,
+        EtcdVersion::V3_7,
+    ] {
+        let Some(binary) = require_etcd(version) else {
+            return Ok(());
+        };
+        binaries.push(binary);
+    }
+    let clusters: Vec<EtcdCluster> = binaries
+        .iter()
+        .map(|b| {
+            cluster(
+                &format!("v{}", b.release.replace('.', "-")),
+                "a",
+                3,
+                &b.release,
+            )
+        })
+        .collect();
+    let (fleet, _ctl) = running(&["a"], &clusters).await?;
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    for (binary, c) in binaries.iter().zip(&clusters) {
+        let name = c.metadata.name.clone().unwrap();
+        let status = get(&fleet, &name).await?.status.context("status")?;
+        assert_eq!(
+            status.current_version.as_deref(),
+            Some(binary.release.as_str())
+        );
+        assert_eq!(status.ready_members, 3, "{name}");
+        assert!(c.spec.config.tls.is_none(), "TLS is on by default");
+        let names = etcdfleet_controllers::render::Names::new(&name, WORKLOAD_NS);
+        for ordinal in 0..3 {
+            let pod = pods.get(&names.pod(ordinal)).await?;
+            let args = pod.spec.unwrap().containers[0].args.clone().unwrap();
+            check_flags(&names.pod(ordinal), &binary.release, &args)?;
+            assert!(args.contains(&"--client-cert-auth=true".to_string()));
+            // A member checks its data against its peers only when it
+            // restarts on existing data (etcd skips the check for a new
+            // member): here, the server configuration it logs at start
+            // (3.4, 3.5) or the feature gates it reports (3.6+) say the
+            // checks are on; the upgrade suite sees the check run.
+            let log = fleet
+                .runtime("a")
+                .pod_log_tail(WORKLOAD_NS, &names.pod(ordinal), 100_000);
+            let logged = |field: &str| log.contains(&format!("\"{field}\":true"));
+            let ip = fleet
+                .runtime("a")
+                .resolve(&names.member_host(ordinal))
+                .context("pod ip")?;
+            let metrics =
+                etcdfleet_tests::etcd_harness::http_get(&format!("{ip}:2381"), "/metrics")?;
+            let reported = |gate: &str| {
+                metrics.lines().any(|l| {
+                    l.starts_with("etcd_server_feature_enabled{")
+                        && l.contains(&format!("name=\"{gate}\""))
+                        && l.ends_with(" 1")
+                })
+            };
+            let mut parts = binary.release.split('.').skip(1).map(|p| p.parse::<u64>());
+            let (minor, patch) = (
+                parts.next().context("minor")??,
+                parts.next().context("patch")??,
+            );
+            let pod = names.pod(ordinal);
+            let release = &binary.release;
+            // 3.4 and 3.5 log the checks in their server configuration (3.6
+            // logs the deprecated field as false); 3.6+ report the gates.
+            assert_eq!(
+                logged("initial-corrupt-check"),
+                minor < 6,
+                "{pod} ({release}): initial corruption check in the logged configuration"
+            );
+            assert_eq!(
+                logged("compact-check-time-enabled"),
+                minor == 5 && patch >= 5,
+                "{pod} ({release}): compact-hash check in the logged configuration"
+            );
+            for gate in ["InitialCorruptCheck", "CompactHashCheck"] {
+                assert_eq!(
+                    reported(gate),
+                    minor >= 6,
+                    "{pod} ({release}): feature gate {gate} reported enabled"
+                );
+            }
+        }
+        eprintln!(
+            "etcd {} started as 3 TLS members with {:?}",
+            binary.release,
+            etcdfleet_controllers::version_flags::version_flags(&binary.release)
+        );
+    }
+    Ok(())
+}
+
+/// A StatefulSet written by the release before per-version flags keeps its
+/// command line: this release writes nothing and restarts no member until
+/// the CR changes; then the StatefulSet is rewritten with the flags and the
+/// members roll onto them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_rendered_before_per_version_flags_is_not_rewritten_until_its_spec_changes()
+-> Result<()> {
+    let Some(v35) = require_etcd(EtcdVersion::V3_5Latest) else {
+        return Ok(());
+    };
+    let fleet = Fleet::new(&["a"]).await?;
+    let mut ctl = controller(&fleet);
+    ctl.upgrade_to(RenderProfile {
+        legacy_flags: true,
+        ..Default::default()
+    });
+    create(&fleet, &cluster("flags", "a", 3, &v35.release)).await?;
+    converge_all(&fleet, &mut ctl, &["flags"]).await?;
+    let sts: Api<StatefulSet> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let args_of = |s: StatefulSet| {
+        s.spec.unwrap().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap()
+    };
+    let written = sts.get("flags-etcd").await?;
+    assert!(
+        !args_of(written.clone())
+            .iter()
+            .any(|a| a.contains("corrupt-check")),
+        "the previous release rendered no corruption checks"
+    );
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let uids = |list: Vec<Pod>| -> BTreeMap<String, Option<String>> {
+        list.into_iter()
+            .map(|p| (p.metadata.name.unwrap_or_default(), p.metadata.uid))
+            .collect()
+    };
+    let before = uids(pods.list(&ListParams::default()).await?.items);
+
+    ctl.upgrade_to(RenderProfile::default());
+    fleet.clear_ops();
+    for _ in 0..3 {
+        fleet.sync_all().await?;
+        assert_eq!(ctl.reconcile(NS, "flags").await?, Outcome::Converged);
+    }
+    let writes: Vec<_> = fleet
+        .writes()
+        .into_iter()
+        .filter(|o| o.cluster == "a")
+        .collect();
+    assert!(writes.is_empty(), "this release wrote: {writes:?}");
+    assert_eq!(uids(pods.list(&ListParams::default()).await?.items), before);
+    assert_eq!(
+        sts.get("flags-etcd").await?.metadata.resource_version,
+        written.metadata.resource_version
+    );
+
+    // The CR changes: rewritten with the flags, members rolled onto them.
+    patch_spec(
+        &fleet,
+        "flags",
+        serde_json::json!({ "etcd": { "snapshotCount": 20000 } }),
+    )
+    .await?;
+    converge_all(&fleet, &mut ctl, &["flags"]).await?;
+    let args = args_of(sts.get("flags-etcd").await?);
+    for flag in etcdfleet_controllers::version_flags::version_flags(&v35.release) {
+        assert!(args.contains(&flag), "{flag} not in {args:?}");
+    }
+    let after = uids(pods.list(&ListParams::default()).await?.items);
+    assert!(
+        before.iter().all(|(pod, uid)| after.get(pod) != Some(uid)),
+        "every member rolled"
+    );
+    pods_run_their_releases_flags(&fleet, "a").await?;
     Ok(())
 }

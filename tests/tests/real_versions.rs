@@ -1,11 +1,14 @@
-//! Versions on real Kubernetes: a rolling upgrade under a writer, with the
-//! controller killed after every step, loses no acknowledged write; the real
+//! Versions on real Kubernetes: rolling upgrades under a writer, with the
+//! controller killed after every step, lose no acknowledged write; the real
 //! StatefulSet controller recreates each deleted pod from the new template.
+//! 3.4 → 3.5, and 3.5 → 3.6 (the path the templates' clusters take next),
+//! with every pod on the flags of the release it runs.
 
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, ensure};
 use etcdfleet_controllers::etcdcluster::plan::Step;
+use etcdfleet_controllers::version_flags::version_flags;
 use etcdfleet_tests::control_plane::scenario::{
     NS, cluster_yaml, converge_real, etcd_of, get, installed_world, put, read_everywhere,
     wait_available,
@@ -13,22 +16,25 @@ use etcdfleet_tests::control_plane::scenario::{
 use etcdfleet_tests::driver::converge;
 use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
 use etcdfleet_tests::scenario::WORKLOAD_NS;
+use etcdfleet_tests::versions::{check_flags, release_of_image};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn real_rolling_upgrade_3_4_to_3_5_under_a_writer_across_controller_restarts() -> Result<()> {
-    if require_etcd(EtcdVersion::V3_4).is_none() || require_etcd(EtcdVersion::V3_5).is_none() {
+/// A 3-member cluster on `from`, rolled to `to` by editing `spec.version`
+/// with kubectl, under a writer, with a new controller after every step.
+async fn real_upgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
+    let (Some(old), Some(new)) = (require_etcd(from), require_etcd(to)) else {
         return Ok(());
-    }
+    };
     let Some(world) = installed_world(&["w1"]).await? else {
         return Ok(());
     };
     let mut ctl = world.controller().await?;
-    world.apply(&cluster_yaml("shop", "w1", 3, "3.4.23"))?;
+    world.apply(&cluster_yaml("shop", "w1", 3, &old.release))?;
     converge_real(&mut ctl, &["shop"]).await?;
     wait_available(&world, "shop")?;
-    put(&world, "w1", "shop", 3, "written-on-3.4").await?;
+    let written = format!("written-on-{}", old.release);
+    put(&world, "w1", "shop", 3, &written).await?;
 
     let (endpoints, config) = etcd_of(&world, "w1", "shop", 3).await?;
     let writer = AckedWriter::start(endpoints.clone(), config.clone(), "upgrade").await?;
@@ -39,8 +45,9 @@ async fn real_rolling_upgrade_3_4_to_3_5_under_a_writer_across_controller_restar
         "etcdcluster/shop",
         "--type=merge",
         "-p",
-        r#"{"spec":{"version":"3.5.1"}}"#,
+        &format!(r#"{{"spec":{{"version":"{}"}}}}"#, new.release),
     ])?;
+    let started = std::time::Instant::now();
     let log = converge(
         &mut ctl,
         &[(NS, "shop")],
@@ -53,10 +60,14 @@ async fn real_rolling_upgrade_3_4_to_3_5_under_a_writer_across_controller_restar
         },
     )
     .await?;
+    let took = started.elapsed();
     let report = writer.stop().await?;
     let checked = verify_acknowledged(&report, &endpoints, &config, "upgrade").await?;
     eprintln!(
-        "upgrade: {} writes acknowledged, {checked} verified, 0 lost",
+        "real upgrade {} -> {}: {:.1} s, {} writes acknowledged, {checked} verified, 0 lost",
+        old.release,
+        new.release,
+        took.as_secs_f64(),
         report.acknowledged.len()
     );
     assert!(
@@ -80,20 +91,38 @@ async fn real_rolling_upgrade_3_4_to_3_5_under_a_writer_across_controller_restar
         "each member restarted once: {restarted:?}"
     );
     wait_available(&world, "shop")?;
-    read_everywhere(&world, "w1", "shop", 3, "written-on-3.4").await?;
+    read_everywhere(&world, "w1", "shop", 3, &written).await?;
     let status = get(&world, "shop").await?.status.context("status")?;
     assert_eq!(
         status.current_version.as_deref(),
-        Some("3.5.1"),
+        Some(new.release.as_str()),
         "{status:#?}"
     );
     let pods: Api<Pod> = Api::namespaced(world.workload("w1").admin_client().await?, WORKLOAD_NS);
-    for pod in pods.list(&ListParams::default()).await?.items {
-        let image = pod.spec.context("spec")?.containers[0]
-            .image
-            .clone()
-            .unwrap_or_default();
-        assert!(image.ends_with(":v3.5.1"), "{image}");
+    let pods = pods.list(&ListParams::default()).await?.items;
+    ensure!(pods.len() == 3, "{} pods", pods.len());
+    for pod in pods {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let container = &pod.spec.context("spec")?.containers[0];
+        let image = container.image.clone().unwrap_or_default();
+        assert_eq!(
+            release_of_image(&image),
+            Some(new.release.as_str()),
+            "{image}"
+        );
+        let args = container.args.clone().unwrap_or_default();
+        check_flags(&name, &new.release, &args)?;
+        assert!(!version_flags(&new.release).is_empty());
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_rolling_upgrade_3_4_to_3_5_under_a_writer_across_controller_restarts() -> Result<()> {
+    real_upgrade(EtcdVersion::V3_4, EtcdVersion::V3_5Latest).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_rolling_upgrade_3_5_to_3_6_under_a_writer_across_controller_restarts() -> Result<()> {
+    real_upgrade(EtcdVersion::V3_5Latest, EtcdVersion::V3_6).await
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use etcdfleet_api::template::{Source, materialize, resolve};
 use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, EtcdClusterSpec, EtcdTemplate};
+use etcdfleet_tests::etcd_harness::EtcdVersion;
 use kube::ResourceExt;
 
 fn repo_path(rel: &str) -> PathBuf {
@@ -31,6 +32,14 @@ fn minimal_cluster(kind: &str, template: &str) -> EtcdClusterSpec {
     .unwrap()
 }
 
+/// The newest 3.5 patch the suite runs (`hack/upstream/etcd-3.5`): the
+/// platform templates' version, a current release past the 3.6 gate.
+fn tested_3_5() -> String {
+    EtcdVersion::V3_5Latest
+        .release()
+        .expect("hack/upstream pins a 3.5 release")
+}
+
 #[test]
 fn platform_templates_parse_pass_cel_and_resolve() {
     // (file, replicas)
@@ -41,17 +50,21 @@ fn platform_templates_parse_pass_cel_and_resolve() {
         let cel = ct.validate_cel();
         assert!(cel.is_ok(), "{name}: {}", cel.unwrap_err());
         let description = ct.spec.description.clone().unwrap_or_default();
+        let tested = tested_3_5();
         assert!(
-            description.contains("3.5.1") && description.contains("tested"),
+            description.contains(&tested) && description.contains("tested"),
             "{name}: the description names the tested version: {description:?}"
         );
 
         let spec = minimal_cluster("ClusterEtcdTemplate", name);
         let r = resolve(Some(&ct), None, &spec).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(r.spec.replicas, replicas, "{name}");
-        assert_eq!(r.spec.version.to_string(), "3.5.1", "{name}");
+        assert_eq!(r.spec.version.to_string(), tested, "{name}");
         assert!(r.spec.tls_enabled, "{name}");
-        assert_eq!(r.spec.image, "gcr.io/etcd-development/etcd:v3.5.1");
+        assert_eq!(
+            r.spec.image,
+            format!("gcr.io/etcd-development/etcd:v{tested}")
+        );
         let res = &r.spec.resources;
         assert!(
             res.requests
@@ -89,7 +102,7 @@ fn platform_templates_parse_pass_cel_and_resolve() {
         // What the controller would write into the minimal cluster.
         let m = materialize(&spec, &r);
         assert_eq!(m.replicas, Some(replicas));
-        assert_eq!(m.version.as_deref(), Some("3.5.1"));
+        assert_eq!(m.version, Some(tested));
     }
     // The HA templates get bigger volumes than the dev one.
     let size = |n: &str| {
@@ -163,7 +176,7 @@ fn minimal_sample_resolves_against_ha_3() {
     let cluster: EtcdCluster = load(&repo_path("config/samples/etcdcluster-minimal.yaml"));
     let r = resolve(Some(&platform_template("ha-3")), None, &cluster.spec).unwrap();
     assert_eq!(r.spec.replicas, 3);
-    assert_eq!(r.spec.version.to_string(), "3.5.1");
+    assert_eq!(r.spec.version.to_string(), tested_3_5());
     assert!(r.spec.tls_enabled);
     assert_eq!(r.spec.storage.size.0, "20Gi");
 }
@@ -177,7 +190,7 @@ fn customer_template_sample_overrides_ha_3() {
     let r = resolve(Some(&ha3), Some(&t), &spec).unwrap();
     // From ha-3.
     assert_eq!(r.spec.replicas, 3);
-    assert_eq!(r.spec.version.to_string(), "3.5.1");
+    assert_eq!(r.spec.version.to_string(), tested_3_5());
     assert!(r.spec.tls_enabled);
     // Overridden by the customer.
     assert_eq!(r.spec.storage.class.as_deref(), Some("premium-ssd"));
@@ -203,7 +216,7 @@ fn full_sample_needs_nothing_from_templates() {
     let t: EtcdTemplate = load(&repo_path("config/samples/etcdtemplate-customer.yaml"));
     let r = resolve(Some(&platform_template("ha-3")), Some(&t), &cluster.spec).unwrap();
     assert_eq!(r.spec.replicas, 5);
-    assert_eq!(r.spec.image, "registry.example.com/mirror/etcd:v3.5.1");
+    assert_eq!(r.spec.image, "registry.example.com/mirror/etcd:v3.6.16");
     assert_eq!(r.spec.workload_namespace, "etcd");
     assert_eq!(r.spec.tuning.auto_compaction_retention, "30m");
     // Every field the cluster could set, it set: no template value wins.

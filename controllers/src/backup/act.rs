@@ -1,21 +1,19 @@
 //! Act step of a backup: reach etcd the way every reconciler does (`access`),
-//! stream a snapshot from the chosen member straight into a multipart upload,
-//! read the object back to verify size and SHA-256, then store the metadata
-//! object. Memory stays bounded by the upload's part buffers.
+//! then take the snapshot into the backup's destination (`crate::snapshot`:
+//! streamed from a chosen member, verified, its metadata stored beside it).
 
-use etcdfleet_api::backup::{
-    BackupConfigError, SnapshotMetadata, metadata_key, object_key, resolve_destination,
-};
-use etcdfleet_api::{EtcdBackup, EtcdCluster, ObjectStoreDestination};
+use etcdfleet_api::EtcdBackup;
+use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::backup::{BackupConfigError, resolve_destination};
 use k8s_openapi::jiff::Timestamp;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 
 use super::Context;
-use super::plan::{SnapshotSource, choose_source};
 use crate::access::{AccessError, reach_etcd};
 use crate::connector::{ConnectError, KubeconfigLocation};
-use crate::etcd::{EtcdError, MemberClient};
 use crate::render::Names;
+pub use crate::snapshot::Taken;
+use crate::snapshot::{SnapshotError, take_from};
 use crate::store::{Store, StoreError, read_credentials};
 
 /// Why an attempt failed.
@@ -25,16 +23,14 @@ pub enum BackupError {
     Config(#[from] BackupConfigError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("etcd: {0}")]
-    Etcd(#[from] EtcdError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
     #[error(transparent)]
     Connect(#[from] ConnectError),
     #[error("{0}")]
     Access(#[from] AccessError),
     #[error("no healthy voting member to take a snapshot from: {0}")]
     NoHealthyMember(String),
-    #[error("metadata: {0}")]
-    Metadata(String),
 }
 
 impl BackupError {
@@ -43,26 +39,12 @@ impl BackupError {
             BackupError::Config(BackupConfigError::NoDestination) => "NoDestination",
             BackupError::Config(_) => "InvalidBackupConfig",
             BackupError::Store(e) => e.reason(),
-            BackupError::Etcd(e) => e.reason(),
+            BackupError::Snapshot(e) => e.reason(),
             BackupError::Connect(e) => e.reason(),
             BackupError::Access(e) => e.reason(),
             BackupError::NoHealthyMember(_) => "NoHealthyMember",
-            BackupError::Metadata(_) => "MetadataError",
         }
     }
-}
-
-/// A stored and verified snapshot.
-#[derive(Debug, Clone)]
-pub struct Taken {
-    pub destination: ObjectStoreDestination,
-    pub object_key: String,
-    pub metadata_key: String,
-    pub size_bytes: u64,
-    pub sha256: String,
-    pub revision: i64,
-    pub etcd_version: String,
-    pub member: String,
 }
 
 /// Takes one snapshot of `cluster` for `backup`, started at `now`.
@@ -90,72 +72,17 @@ pub async fn take(
     let reached = reach_etcd(access, cluster, &workload, &names, tls)
         .await?
         .map_err(|_| BackupError::NoHealthyMember("etcd did not answer".into()))?;
-    let health = &reached.health;
-    let sources: Vec<SnapshotSource> = health
-        .members()
-        .iter()
-        .map(|m| SnapshotSource {
-            name: m.member.name.clone(),
-            healthy: m.healthy,
-            learner: m.member.is_learner,
-            leader: m.status.as_ref().is_some_and(|s| s.is_leader()),
-        })
-        .collect();
-    let chosen = choose_source(&sources)
-        .map(|i| &health.members()[i])
-        .ok_or_else(|| BackupError::NoHealthyMember(format!("{} members", sources.len())))?;
-    let advertised = chosen
-        .member
-        .client_urls
-        .first()
-        .ok_or_else(|| BackupError::NoHealthyMember("member has no client URL".into()))?;
-    // The etcd config carries the cluster's transport (port-forward or
-    // direct), which reaches the member behind its advertised URL.
-    let member = MemberClient::connect(advertised, &reached.config).await?;
-    let revision = member.revision().await?;
-    let etcd_version = chosen
-        .status
-        .as_ref()
-        .map(|s| s.version.clone())
-        .unwrap_or_default();
-
-    let key = object_key(
-        destination.prefix.as_deref(),
-        &ns,
-        &cluster.name_any(),
-        now,
-        revision,
-        &backup.name_any(),
-    );
-    let info = stream_to(&store, &key, &member).await?;
-    // Read back what the store holds: a short or altered object is caught here.
-    store.verify(&key, info.0, &info.1).await?;
-
-    let meta_key = metadata_key(&key);
-    let metadata = SnapshotMetadata {
-        namespace: ns,
-        cluster: cluster.name_any(),
-        cluster_uid: cluster.meta().uid.clone().unwrap_or_default(),
-        etcd_version: etcd_version.clone(),
-        revision,
-        size_bytes: info.0,
-        sha256: info.1.clone(),
-        object_key: key.clone(),
-        taken_at: now.to_string(),
-    };
-    let json =
-        serde_json::to_vec_pretty(&metadata).map_err(|e| BackupError::Metadata(e.to_string()))?;
-    store.put_small(&meta_key, json).await?;
-    Ok(Taken {
+    let taken = take_from(
+        &store,
         destination,
-        object_key: key,
-        metadata_key: meta_key,
-        size_bytes: info.0,
-        sha256: info.1,
-        revision,
-        etcd_version,
-        member: chosen.member.name.clone(),
-    })
+        cluster,
+        &reached.health,
+        &reached.config,
+        now,
+        &backup.name_any(),
+    )
+    .await?;
+    Ok(taken)
 }
 
 /// Where the cluster's members run and whether they speak TLS, as its own
@@ -169,30 +96,4 @@ fn members_of(cluster: &EtcdCluster) -> Option<(Names, bool)> {
         .spec;
     let names = Names::new(&cluster.name_any(), &resolved.workload_namespace);
     Some((names, resolved.tls_enabled))
-}
-
-/// Streams a snapshot of `member` into `key`; returns (bytes, hex SHA-256)
-/// as computed while streaming. A failed stream aborts the upload. The only
-/// writer the stream writes to is the upload: a write that fails is the
-/// store's failure (an outage, a refused part), never etcd's.
-pub async fn stream_to(
-    store: &Store,
-    key: &str,
-    member: &MemberClient,
-) -> Result<(u64, String), BackupError> {
-    let mut upload = store.upload(key);
-    match member.snapshot(upload.writer()).await {
-        Ok(info) => {
-            upload.finish().await?;
-            Ok((info.bytes_written, info.sha256))
-        }
-        Err(EtcdError::Io(e)) => {
-            upload.abort().await;
-            Err(StoreError::upload(key, e).into())
-        }
-        Err(e) => {
-            upload.abort().await;
-            Err(e.into())
-        }
-    }
 }

@@ -67,26 +67,6 @@ pub fn is_last_attempt(attempt: i32) -> bool {
     attempt >= MAX_ATTEMPTS
 }
 
-/// A member a snapshot could come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotSource {
-    pub name: String,
-    pub healthy: bool,
-    pub learner: bool,
-    pub leader: bool,
-}
-
-/// The member to stream from: a healthy voting follower (the leader keeps
-/// serving without the extra read load), else the healthy leader. Learners
-/// are never used: they may lag. `None` when no voter is healthy.
-pub fn choose_source(members: &[SnapshotSource]) -> Option<usize> {
-    let eligible = |m: &SnapshotSource| m.healthy && !m.learner;
-    members
-        .iter()
-        .position(|m| eligible(m) && !m.leader)
-        .or_else(|| members.iter().position(eligible))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,40 +158,5 @@ mod tests {
         }
         assert!(!is_last_attempt(MAX_ATTEMPTS - 1));
         assert!(is_last_attempt(MAX_ATTEMPTS));
-    }
-
-    fn m(name: &str, healthy: bool, learner: bool, leader: bool) -> SnapshotSource {
-        SnapshotSource {
-            name: name.into(),
-            healthy,
-            learner,
-            leader,
-        }
-    }
-
-    #[test]
-    fn snapshots_come_from_a_healthy_follower_when_there_is_one() {
-        let cases = [
-            (
-                vec![m("0", true, false, true), m("1", true, false, false)],
-                Some(1),
-            ),
-            (
-                vec![m("0", true, false, true), m("1", false, false, false)],
-                Some(0),
-            ),
-            (
-                vec![m("0", true, false, true), m("1", true, true, false)],
-                Some(0),
-            ),
-            (
-                vec![m("0", false, false, false), m("1", true, true, false)],
-                None,
-            ),
-            (vec![], None),
-        ];
-        for (members, want) in cases {
-            assert_eq!(choose_source(&members), want, "{members:?}");
-        }
     }
 }

@@ -47,7 +47,7 @@ pub struct SnapshotInfo {
     pub etcd_digest_verified: bool,
 }
 
-async fn with_deadline<T>(
+pub(super) async fn with_deadline<T>(
     op: &'static str,
     after: Duration,
     member_id: Option<u64>,
@@ -82,7 +82,7 @@ async fn with_deadline<T>(
 /// Runs `attempt` until it succeeds, fails with an error `retry` rejects, or
 /// `total` has passed (then the last error is returned). Backoff doubles from
 /// 100 ms up to 2 s.
-async fn retry_until<T, F, Fut>(
+pub(super) async fn retry_until<T, F, Fut>(
     total: Duration,
     retry: impl Fn(&EtcdError) -> bool,
     mut attempt: F,
@@ -224,7 +224,7 @@ impl ClusterClient {
     }
 
     /// The client cluster-wide calls use now.
-    fn client(&self) -> Client {
+    pub(super) fn client(&self) -> Client {
         let i = self.preferred.load(Ordering::Relaxed) % self.clients.len();
         locked(&self.clients[i].1).clone()
     }
@@ -237,7 +237,7 @@ impl ClusterClient {
     /// new peer dropped once (its name did not resolve yet when the peer was
     /// added) refuses for 5 s after it reconnects, while the new peer itself
     /// may already accept. So a refused change is asked of each member in turn.
-    fn note(&self, e: &EtcdError) {
+    pub(super) fn note(&self, e: &EtcdError) {
         if matches!(
             e,
             EtcdError::Unreachable(_) | EtcdError::Timeout { .. } | EtcdError::UnhealthyCluster(_)
@@ -704,6 +704,11 @@ impl MemberClient {
             db_size_in_use: resp.raft_used_db_size(),
             is_learner: resp.is_learner(),
             errors: resp.errors().to_vec(),
+            storage_version: resp.storage_version().to_string(),
+            downgrade_target: resp
+                .downgrade_info()
+                .filter(|d| d.enabled())
+                .map(|d| d.target_version().to_string()),
         })
     }
 

@@ -411,6 +411,8 @@ mod tests {
                 db_size_in_use: 16384,
                 is_learner,
                 errors: vec![],
+                storage_version: String::new(),
+                downgrade_target: None,
             }),
             healthy: true,
             error: None,

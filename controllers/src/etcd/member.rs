@@ -33,7 +33,7 @@ impl From<&etcd_client::Member> for Member {
 }
 
 /// What `Status` says about one member.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemberStatus {
     /// Id of the member that answered.
     pub member_id: u64,
@@ -47,6 +47,11 @@ pub struct MemberStatus {
     pub db_size_in_use: i64,
     pub is_learner: bool,
     pub errors: Vec<String>,
+    /// The schema version of this member's data (3.6+; empty before).
+    pub storage_version: String,
+    /// The cluster's downgrade target while one is enabled, as this member
+    /// reports it (3.6+; 3.5 members report none).
+    pub downgrade_target: Option<String>,
 }
 
 impl MemberStatus {

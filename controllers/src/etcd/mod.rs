@@ -6,9 +6,11 @@
 //! Two kinds of client exist because etcd answers some calls for the member
 //! you are connected to (status, defragment, snapshot, health) and others for
 //! the whole cluster (membership): [`MemberClient`] talks to exactly one
-//! endpoint, [`ClusterClient`] balances over all of them.
+//! endpoint, [`ClusterClient`] balances over all of them. etcd's online
+//! downgrade API is in [`downgrade`].
 
 pub mod client;
+pub mod downgrade;
 pub mod error;
 pub mod health;
 pub mod member;
@@ -18,6 +20,7 @@ pub mod transport;
 pub use client::{
     AddedMember, ClusterClient, MemberClient, SnapshotInfo, observe, observe_through,
 };
+pub use downgrade::DowngradeAnswer;
 pub use error::EtcdError;
 pub use health::{ClusterHealth, MemberObservation, UnsafeReason, quorum};
 pub use member::{Alarm, AlarmKind, Member, MemberStatus};

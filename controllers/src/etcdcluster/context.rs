@@ -162,6 +162,13 @@ pub enum Error {
     Pki(#[from] PkiError),
     #[error("{0}")]
     Invalid(String),
+    /// The snapshot before a change of minor version failed.
+    #[error("snapshot before the version change: {message}")]
+    Snapshot {
+        /// The store's, etcd's or the destination's own reason.
+        reason: &'static str,
+        message: String,
+    },
 }
 
 impl Error {
@@ -173,6 +180,7 @@ impl Error {
             Error::Etcd(e) => e.reason(),
             Error::Pki(e) => e.reason(),
             Error::Invalid(_) => "InvalidObject",
+            Error::Snapshot { reason, .. } => reason,
         }
     }
 }

@@ -529,11 +529,17 @@ impl<'a> Run<'a> {
             outcome = Empty,
             otel.status_code = Empty
         );
-        let result = traced(
-            span,
-            act::execute(&step, cluster, resolved, observed, workload, ctx),
-        )
-        .await;
+        let result = match &step {
+            // The steps of a version change record into the status.
+            Step::Version(v) => {
+                let acting = act::version::execute(v, cluster, observed, ctx, &mut self.report);
+                traced(span, acting).await
+            }
+            _ => {
+                let acting = act::execute(&step, cluster, resolved, observed, workload, ctx);
+                traced(span, acting).await
+            }
+        };
         ctx.metrics.observe_step(
             step.kind(),
             started.elapsed(),

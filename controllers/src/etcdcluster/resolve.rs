@@ -10,7 +10,7 @@
 //! changing only fields that still hold the values written last time.
 
 use etcdfleet_api::template::{Resolution, ResolveError, ResolvedEtcdSpec, materialize, resolve};
-use etcdfleet_api::version::{VersionChange, decide, image_for};
+use etcdfleet_api::version::{VersionChange, decide_for, image_for, parse_full_version};
 use etcdfleet_api::{
     ClusterEtcdTemplate, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTemplate, EtcdTuning,
     FIELD_MANAGER, StorageSpec, TemplateKind, TlsSpec,
@@ -191,13 +191,17 @@ pub async fn resolve_cluster(
         .as_ref()
         .and_then(|s| s.current_version.clone());
     let requested = resolution.spec.version.to_string();
-    let version_change = match decide(current.as_deref(), &requested) {
+    let version_change = match decide_for(current.as_deref(), &requested, cluster.annotations()) {
         Ok(change) => {
             report.version_accepted(&change);
+            report.version_support(change.target());
             Some(change)
         }
         Err(rejection) => {
             report.version_rejected(&rejection);
+            if let Some(running) = current.as_deref().and_then(parse_full_version) {
+                report.version_support(&running);
+            }
             if current.is_none() {
                 return Ok(None);
             }

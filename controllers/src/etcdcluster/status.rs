@@ -9,6 +9,7 @@ use std::time::Duration;
 use etcdfleet_api::conditions::{
     self, AVAILABLE, CONFLICT, DEGRADED, MEMBERS_UNREACHABLE_FROM_CONTROLLER, PROGRESSING,
     QUORUM_HEALTHY, QUORUM_LOST, REMOTE_REACHABLE, TEMPLATE_RESOLVED, VERSION_ACCEPTED,
+    VERSION_SUPPORTED,
 };
 use etcdfleet_api::template::{Resolution, ResolveError};
 use etcdfleet_api::version::{VersionChange, VersionRejection};
@@ -103,6 +104,14 @@ impl Report {
             ),
             super::plan::RestoreGate::NotNeeded => {}
         }
+    }
+
+    /// Records the snapshot taken before a change of minor version.
+    pub fn record_version_change_snapshot(
+        &mut self,
+        snapshot: etcdfleet_api::VersionChangeSnapshot,
+    ) {
+        self.new.version_change_snapshot = Some(snapshot);
     }
 
     /// Records the verified snapshot the seeder is rendered from.
@@ -245,8 +254,29 @@ impl Report {
                 "MinorUpgrade",
                 format!("rolling upgrade from {from} to {to}"),
             ),
+            VersionChange::Downgrade { from, to } => (
+                "Downgrade",
+                format!(
+                    "online downgrade from {from} to {to} (acknowledged): etcd's downgrade is \
+                     enabled, then members are replaced one at a time, leader last"
+                ),
+            ),
         };
         self.set(VERSION_ACCEPTED, true, reason, message);
+    }
+
+    /// `VersionSupported`: a warning naming the upgrade path when the etcd
+    /// project no longer supports `version` or advises against it.
+    pub fn version_support(&mut self, version: &semver::Version) {
+        match etcdfleet_api::version::notice(version) {
+            Some(notice) => self.set(VERSION_SUPPORTED, false, notice.reason(), notice.message()),
+            None => self.set(
+                VERSION_SUPPORTED,
+                true,
+                "Supported",
+                format!("etcd {version} is a supported release"),
+            ),
+        }
     }
 
     pub fn version_rejected(&mut self, rejection: &VersionRejection) {

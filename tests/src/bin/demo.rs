@@ -10,21 +10,18 @@ use etcdfleet_tests::etcd_harness::{EtcdBinary, EtcdVersion};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> ExitCode {
-    let binary = EtcdBinary::locate(EtcdVersion::V3_5);
-    if let Some(missing) = binary.missing() {
-        eprintln!(
-            "demo: etcd 3.5 not found at {} — run `make tools` (hack/install-tools.sh) first",
-            missing.display()
-        );
-        return ExitCode::FAILURE;
-    }
-    let old = EtcdBinary::locate(EtcdVersion::V3_4);
-    if let Some(missing) = old.missing() {
-        eprintln!(
-            "demo: etcd 3.4 (for the upgrade to 3.5) not found at {} — run `make tools` (hack/install-tools.sh) first",
-            missing.display()
-        );
-        return ExitCode::FAILURE;
+    for (version, role) in [
+        (EtcdVersion::V3_5Latest, "the templates' 3.5"),
+        (EtcdVersion::V3_6, "the upgrade to 3.6"),
+    ] {
+        if let Some(missing) = EtcdBinary::locate(version).missing() {
+            eprintln!(
+                "demo: etcd {} ({role}) not found at {} — run `make tools` (hack/install-tools.sh) first",
+                version.label(),
+                missing.display()
+            );
+            return ExitCode::FAILURE;
+        }
     }
     // Say what is missing now, not after a phase times out.
     if let Err(why) = check_mount_namespaces() {

@@ -7,13 +7,15 @@
 //! bootstrap in `objects`, the management-side PKI in `pki`, the members
 //! (etcd membership, volumes, restarts, maintenance) in `members`; what
 //! every step acts on in `target`; deletion of the whole cluster is
-//! [`finalize`].
+//! [`finalize`]. The steps of a version change, which record into the
+//! status, are [`version::execute`]'s.
 
 mod finalize;
 mod members;
 mod objects;
 mod pki;
 mod target;
+pub mod version;
 
 use etcdfleet_api::EtcdCluster;
 
@@ -64,5 +66,9 @@ pub async fn execute(
         Step::RecoverFromNoSpace => recover_from_nospace(on.inputs, on.observed).await,
         Step::Defragment { ordinal, .. } => defragment(on, *ordinal).await,
         Step::RestartMember { ordinal, .. } => restart_member(on, *ordinal).await,
+        // Taken by `version::execute`, which records into the report.
+        Step::Version(step) => Err(super::context::Error::Invalid(format!(
+            "{step} is taken by the version-change act"
+        ))),
     }
 }

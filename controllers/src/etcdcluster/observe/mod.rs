@@ -7,11 +7,14 @@
 //!   ([`objects::StaticObjects`], [`objects::StatefulSetReading`]);
 //! - [`volumes`]: the member pods and volumes ([`volumes::PodsAndVolumes`]);
 //! - [`etcd`]: the members, their health and alarms ([`etcd::EtcdReading`]);
+//! - [`version`]: what the version rules read (the accepted change of minor,
+//!   the backup destination and its snapshot, the v2 store in the pods);
 //! - and what the stored status remembers (failure grace, the last step).
 
 pub mod etcd;
 pub mod objects;
 pub mod pki;
+pub mod version;
 pub mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +23,7 @@ use std::time::Duration;
 use etcdfleet_api::EtcdCluster;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
 
 pub use crate::access::{PKI_CA_CERT, PKI_CA_KEY, PKI_CLIENT_CERT, PKI_CLIENT_KEY, Pki, read_pki};
 pub use volumes::{PVC_MEMBER_ANNOTATION, PVC_OWNER_ANNOTATION, PVC_VERSION_ANNOTATION};
@@ -130,6 +134,15 @@ pub async fn observe(
             && (objects.tls_secret_ca_present || history.had_members),
         storage_change: statefulset.storage_change,
         requested_version: Some(inputs.version.clone()),
+        downgrade_acknowledged: cluster
+            .annotations()
+            .get(etcdfleet_api::version::DOWNGRADE_ANNOTATION)
+            .cloned(),
+        version: version::observe(
+            cluster,
+            resolved.version_change.as_ref(),
+            &members.pods.values().collect::<Vec<_>>(),
+        ),
         known_voters: history.known_voters,
         last_failure: history.last_failure,
         // Filled by the pipeline's restore gate when the cluster restores.
@@ -204,6 +217,7 @@ impl History {
                             .ok()
                     })
                     .unwrap_or(Duration::MAX),
+                message: op.message.clone().unwrap_or_default(),
             })
         });
         History {

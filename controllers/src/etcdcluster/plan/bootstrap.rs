@@ -5,16 +5,19 @@
 use super::observation::{EtcdObservation, Observation, StatefulSetObservation};
 use super::quorum::{QUORUM_LOSS_HELP, QuorumView, quorum_view};
 use super::step::{ObjectKind, Plan, Step};
+use super::version;
 
 /// Rule: workload objects missing or out of date are written first. The
 /// StatefulSet itself is created by bootstrap, and without a StatefulSet
-/// bootstrap writes the members ConfigMap too.
+/// bootstrap writes the members ConfigMap too. A change of minor version
+/// may hold the StatefulSet's rewrite ([`version::statefulset_held`]).
 pub(super) fn stale_objects(obs: &Observation) -> Option<Plan> {
+    let held = version::statefulset_held(obs).is_some();
     let others: Vec<_> = obs
         .stale_objects
         .iter()
         .copied()
-        .filter(|k| !(*k == ObjectKind::StatefulSet && obs.statefulset.is_none()))
+        .filter(|k| !(*k == ObjectKind::StatefulSet && (obs.statefulset.is_none() || held)))
         .filter(|k| *k != ObjectKind::MembersConfigMap || obs.statefulset.is_some())
         .collect();
     (!others.is_empty()).then_some(Plan::Act(Step::WriteObjects(others)))

@@ -132,7 +132,11 @@ fn refusal(obs: &Observation) -> Option<Refusal> {
     if let Some(requested) = &obs.requested_version {
         for (ordinal, pvc) in &obs.pvcs {
             if let Some(data) = &pvc.etcd_version
-                && let Err(rejection) = etcdfleet_api::version::decide(Some(data), requested)
+                && let Err(rejection) = etcdfleet_api::version::decide_with(
+                    Some(data),
+                    requested,
+                    obs.downgrade_acknowledged.as_deref(),
+                )
             {
                 return Some(Refusal {
                     reason: "VersionRejected",
@@ -151,7 +155,11 @@ fn refusal(obs: &Observation) -> Option<Refusal> {
         for m in health.members() {
             if let Some(running) = m.status.as_ref().map(|s| s.version.as_str())
                 && !running.is_empty()
-                && let Err(rejection) = etcdfleet_api::version::decide(Some(running), requested)
+                && let Err(rejection) = etcdfleet_api::version::decide_with(
+                    Some(running),
+                    requested,
+                    obs.downgrade_acknowledged.as_deref(),
+                )
             {
                 return Some(Refusal {
                     reason: "VersionRejected",
@@ -204,6 +212,7 @@ mod tests {
             kind: "Defragment".into(),
             failures: 3,
             age: std::time::Duration::from_secs(1),
+            message: "Defragment: timeout".into(),
         });
         assert!(matches!(failure_backoff(&obs), Some(Plan::Hold(_))));
         obs.last_failure.as_mut().unwrap().age = retry_delay(3);

@@ -13,7 +13,8 @@
 //! Rooms: [`observation`] (what the planner reads), [`step`] (what it
 //! answers), [`members`] (the running cluster as the membership rules see
 //! it), [`quorum`]; the rules themselves in [`guards`], [`bootstrap`],
-//! [`repair`], [`scale`], [`roll`] and [`maintenance`].
+//! [`repair`], [`scale`], [`roll`], [`maintenance`] and [`version`] (the
+//! preflight of a change of minor version and etcd's online downgrade).
 
 pub mod bootstrap;
 pub mod guards;
@@ -25,16 +26,17 @@ pub mod repair;
 pub mod roll;
 pub mod scale;
 pub mod step;
+pub mod version;
 
 pub use guards::{RETRY_BASE, RETRY_MAX, identity_mismatch, retry_delay};
 pub use maintenance::DEFRAG_MIN_FREE_BYTES;
 pub use members::Members;
 pub use observation::{
     EtcdObservation, FailedStep, ForeignObject, Observation, PodObservation, PvcObservation,
-    READY_POD_GRACE_FACTOR, RestoreGate, StatefulSetObservation,
+    READY_POD_GRACE_FACTOR, RestoreGate, StatefulSetObservation, VersionObservation,
 };
 pub use quorum::{CutOff, QUORUM_LOSS_HELP, QuorumView, quorum_view};
-pub use step::{ObjectKind, Plan, Refusal, RemovalCause, Step};
+pub use step::{ObjectKind, Plan, Refusal, RemovalCause, Step, VersionStep};
 
 /// One rule of the policy: it decides from the observation alone, or (after
 /// bootstrap, once a StatefulSet exists and members answer) from the running
@@ -54,9 +56,15 @@ pub const RULES: &[(&str, Rule)] = &[
     // take, a version the members' reported version forbids).
     ("refusals", O(guards::refusals)),
     ("restore gate", O(guards::restore_gate)),
+    // A change of minor version: what must come before the StatefulSet
+    // write that starts its roll (a snapshot, etcd's downgrade enable); a
+    // failed snapshot refuses the change with its own reason.
+    ("version change preflight", O(version::preflight)),
     ("failing step backs off", O(guards::failure_backoff)),
+    ("online downgrade", O(version::downgrade)),
     // The workload objects exist and match their inputs: Services, PKI and
-    // TLS Secrets (certificates are renewed here), ConfigMap, StatefulSet.
+    // TLS Secrets (certificates are renewed here), ConfigMap, StatefulSet
+    // (unless a change of minor version holds it).
     ("missing or stale objects", O(bootstrap::stale_objects)),
     ("bootstrap", O(bootstrap::bootstrap)),
     ("no member answers", O(bootstrap::no_member_answers)),
@@ -82,6 +90,13 @@ pub const RULES: &[(&str, Rule)] = &[
     ("defragment", M(maintenance::defragment)),
     ("unhealthy member", M(maintenance::unhealthy_member)),
     ("volume records", M(maintenance::refresh_volume_records)),
+    // A change of minor version held, nothing else to do: wait, saying why;
+    // converged on an acknowledged downgrade: forget the acknowledgement.
+    ("version change held", O(version::held)),
+    (
+        "downgrade acknowledgement",
+        O(version::forget_acknowledgement),
+    ),
 ];
 
 /// Decides the next step: the first rule of [`RULES`] that answers. Pure.

@@ -90,6 +90,11 @@ pub struct Observation {
     pub storage_change: Option<String>,
     /// The version the spec asks for (`MAJOR.MINOR.PATCH`).
     pub requested_version: Option<String>,
+    /// The downgrade the cluster acknowledges
+    /// ([`etcdfleet_api::version::DOWNGRADE_ANNOTATION`]), if any.
+    pub downgrade_acknowledged: Option<String>,
+    /// What the version rules need beyond this ([`super::version`]).
+    pub version: VersionObservation,
     /// Voters the stored status listed last time: a cluster that had members
     /// and now has none answering has lost quorum, it is not bootstrapping.
     pub known_voters: u32,
@@ -99,6 +104,21 @@ pub struct Observation {
     /// A cluster bootstrapping from a snapshot (`spec.bootstrap.restore`):
     /// whether the snapshot was verified (see [`RestoreGate`]).
     pub restore: RestoreGate,
+}
+
+/// What the version rules ([`super::version`]) see beyond the rest of
+/// the observation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VersionObservation {
+    /// The change of minor the spec asks for and the policy accepted
+    /// (`from` is `status.currentVersion`), if any.
+    pub minor_change: Option<(semver::Version, semver::Version)>,
+    /// The cluster's backup destination, as a person reads it, if it has one.
+    pub backup_destination: Option<String>,
+    /// `status.versionChangeSnapshot` records a snapshot for `minor_change`.
+    pub snapshot_taken: bool,
+    /// Member pods whose etcd runs with the v2 store enabled.
+    pub v2_enabled: Vec<String>,
 }
 
 /// The snapshot check of a cluster that restores, made before its first
@@ -134,6 +154,8 @@ pub struct FailedStep {
     pub failures: u32,
     /// Time since the last failure.
     pub age: std::time::Duration,
+    /// What failed, as `status.lastOperation.message` says it.
+    pub message: String,
 }
 
 /// How many failure grace periods a member that does not answer the

@@ -100,6 +100,9 @@ pub enum Step {
         ordinal: u32,
         member_id: u64,
     },
+    /// A step of a change of minor version: a snapshot before it, etcd's
+    /// online downgrade ([`super::version`]).
+    Version(VersionStep),
 }
 
 impl Step {
@@ -119,6 +122,7 @@ impl Step {
             Step::RestartMember { .. } => "RestartMember",
             Step::RecoverFromNoSpace => "RecoverFromNoSpace",
             Step::Defragment { .. } => "Defragment",
+            Step::Version(step) => step.kind(),
         }
     }
 
@@ -218,6 +222,7 @@ impl fmt::Display for Step {
             Step::Defragment { ordinal, member_id } => {
                 write!(f, "defragment member {member_id:x} (ordinal {ordinal})")
             }
+            Step::Version(step) => step.fmt(f),
         }
     }
 }
@@ -241,4 +246,54 @@ pub enum Plan {
     /// Acting would harm data or another owner; nothing is done until a person
     /// resolves it.
     Refuse(Refusal),
+}
+
+/// A step of a version change (`act::version` takes it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionStep {
+    /// Stream a snapshot from a healthy member to the backup destination,
+    /// verify it and record it in `status.versionChangeSnapshot`.
+    SnapshotBefore { from: String, to: String },
+    /// `etcdctl downgrade validate <target>`, then `enable <target>`.
+    EnableDowngrade { target: String },
+    /// `etcdctl downgrade cancel`: the spec no longer asks for the enabled
+    /// downgrade. The acknowledgement is withdrawn with it.
+    CancelDowngrade { target: String },
+    /// Remove `etcdfleet.dev/allow-downgrade` once the cluster runs the
+    /// version it acknowledged.
+    ForgetAcknowledgement { version: String },
+}
+
+impl VersionStep {
+    /// Short name for events, metrics and `status.lastOperation.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            VersionStep::SnapshotBefore { .. } => "SnapshotBeforeVersionChange",
+            VersionStep::EnableDowngrade { .. } => "EnableDowngrade",
+            VersionStep::CancelDowngrade { .. } => "CancelDowngrade",
+            VersionStep::ForgetAcknowledgement { .. } => "ForgetDowngradeAcknowledgement",
+        }
+    }
+}
+
+impl fmt::Display for VersionStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VersionStep::SnapshotBefore { from, to } => write!(
+                f,
+                "take a snapshot to the backup destination before moving from {from} to {to}"
+            ),
+            VersionStep::EnableDowngrade { target } => {
+                write!(f, "validate and enable etcd's online downgrade to {target}")
+            }
+            VersionStep::CancelDowngrade { target } => write!(
+                f,
+                "cancel etcd's downgrade to {target}: the spec no longer asks for it"
+            ),
+            VersionStep::ForgetAcknowledgement { version } => write!(
+                f,
+                "remove the downgrade acknowledgement: the cluster runs {version}"
+            ),
+        }
+    }
 }

@@ -41,6 +41,8 @@ pub(crate) fn member(
             db_size_in_use: 1,
             is_learner: learner,
             errors: vec![],
+            storage_version: String::new(),
+            downgrade_target: None,
         }),
         healthy,
         error: (!healthy).then(|| "connection refused".to_string()),
@@ -95,6 +97,8 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
         pki_lost: false,
         storage_change: None,
         requested_version: None,
+        downgrade_acknowledged: None,
+        version: Default::default(),
         known_voters: n,
         restore: RestoreGate::NotNeeded,
         last_failure: None,
@@ -998,6 +1002,7 @@ fn a_step_that_keeps_failing_backs_off_exponentially() {
         kind: "RecoverFromNoSpace".into(),
         failures: 3,
         age: std::time::Duration::from_secs(2),
+        message: "RecoverFromNoSpace: etcd unreachable".into(),
     });
     match plan_next_step(&obs) {
         Plan::Hold(why) => assert!(why.contains("failed 3 time(s)"), "{why}"),

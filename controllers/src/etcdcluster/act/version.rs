@@ -1,0 +1,139 @@
+//! The steps of a version change (`plan::VersionStep`): the snapshot before
+//! it (streamed to the cluster's backup destination as a backup is,
+//! verified, and recorded in `status.versionChangeSnapshot`), etcd's
+//! `downgrade validate`/`enable`/`cancel`, and the withdrawal of the
+//! acknowledgement. They record into the report: the snapshot into the
+//! status, and removing the acknowledgement (an annotation on the
+//! EtcdCluster) advances the resourceVersion the status write is
+//! conditional on. The pipeline hands them here instead of to
+//! [`super::execute`].
+
+use etcdfleet_api::backup::resolve_destination;
+use etcdfleet_api::version::DOWNGRADE_ANNOTATION;
+use etcdfleet_api::{EtcdCluster, VersionChangeSnapshot};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch};
+use kube::{Resource, ResourceExt};
+
+use crate::etcdcluster::context::{Context, Error, Result};
+use crate::etcdcluster::observe::Observed;
+use crate::etcdcluster::plan::VersionStep;
+use crate::etcdcluster::status::Report;
+use crate::snapshot::take_from;
+use crate::store::{Store, read_credentials};
+
+/// Takes `step` (see [`VersionStep`]).
+pub async fn execute(
+    step: &VersionStep,
+    cluster: &EtcdCluster,
+    observed: &Observed,
+    ctx: &Context,
+    report: &mut Report,
+) -> Result<()> {
+    let no_etcd = || Error::Invalid("etcd did not answer".into());
+    match step {
+        VersionStep::SnapshotBefore { from, to } => {
+            let snapshot = snapshot_before(cluster, observed, ctx, from, to).await?;
+            report.record_version_change_snapshot(snapshot);
+            Ok(())
+        }
+        VersionStep::EnableDowngrade { target } => {
+            let etcd = observed.etcd.as_ref().ok_or_else(no_etcd)?;
+            etcd.validate_downgrade(target).await?;
+            etcd.enable_downgrade(target).await?;
+            Ok(())
+        }
+        VersionStep::CancelDowngrade { .. } => {
+            // The acknowledgement first: if that write fails, etcd's
+            // downgrade is still enabled and this step comes again; if the
+            // cancel fails after it, the planner asks for the cancel again
+            // (it follows etcd's target, not the annotation).
+            withdraw_acknowledgement(cluster, ctx, report).await?;
+            let etcd = observed.etcd.as_ref().ok_or_else(no_etcd)?;
+            etcd.cancel_downgrade().await?;
+            Ok(())
+        }
+        VersionStep::ForgetAcknowledgement { .. } => {
+            withdraw_acknowledgement(cluster, ctx, report).await
+        }
+    }
+}
+
+async fn snapshot_before(
+    cluster: &EtcdCluster,
+    observed: &Observed,
+    ctx: &Context,
+    from: &str,
+    to: &str,
+) -> Result<VersionChangeSnapshot> {
+    let failed = |reason: &'static str, e: &dyn std::fmt::Display| Error::Snapshot {
+        reason,
+        message: e.to_string(),
+    };
+    let ns = cluster.namespace().unwrap_or_default();
+    let destination = resolve_destination(None, cluster.spec.config.backup.as_ref())
+        .map_err(|e| failed("NoDestination", &e))?;
+    let credentials = read_credentials(&ctx.management, &ns, &destination)
+        .await
+        .map_err(|e| failed(e.reason(), &e))?;
+    let store =
+        Store::open(&destination, credentials.as_ref()).map_err(|e| failed(e.reason(), &e))?;
+    let health = (observed.health.as_ref())
+        .ok_or_else(|| failed("NoHealthyMember", &"etcd did not answer"))?;
+    let now = Timestamp::now();
+    let name = format!("before-{to}");
+    let taken = take_from(
+        &store,
+        destination,
+        cluster,
+        health,
+        &observed.etcd_config,
+        now,
+        &name,
+    )
+    .await
+    .map_err(|e| failed(e.reason(), &e))?;
+    Ok(VersionChangeSnapshot {
+        from: from.to_string(),
+        to: to.to_string(),
+        destination: taken.destination,
+        object_key: taken.object_key,
+        sha256: taken.sha256,
+        size_bytes: i64::try_from(taken.size_bytes).unwrap_or(i64::MAX),
+        revision: taken.revision,
+        member: taken.member,
+        taken_at: now.to_string(),
+    })
+}
+
+/// Removes [`DOWNGRADE_ANNOTATION`] (conditional on the resourceVersion
+/// this reconcile read or wrote last).
+async fn withdraw_acknowledgement(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    report: &mut Report,
+) -> Result<()> {
+    if !cluster.annotations().contains_key(DOWNGRADE_ANNOTATION) {
+        return Ok(());
+    }
+    let api: Api<EtcdCluster> = Api::namespaced(
+        ctx.management.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": report.resource_version().or_else(|| cluster.meta().resource_version.clone()),
+            "annotations": { DOWNGRADE_ANNOTATION: null },
+        }
+    });
+    let patched = api
+        .patch(
+            &cluster.name_any(),
+            &crate::controller_patch_params(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::ManagementApi)?;
+    report.advance_resource_version(patched.metadata.resource_version);
+    Ok(())
+}

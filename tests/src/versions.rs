@@ -1,0 +1,354 @@
+//! Version changes end to end, shared by the upgrade and downgrade suites,
+//! the real tier and the operations bench: a cluster rolled from one etcd
+//! release to another under a continuous writer, with every acknowledged
+//! write checked afterwards, and the check that every member pod runs with
+//! flags its own release accepts (the members still on the old release keep
+//! the old spelling during a roll). And the same version changes done by
+//! hand with etcd's own calls on a local cluster: the floor the operations
+//! bench measures the controller against.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use etcdfleet_api::EtcdCluster;
+use etcdfleet_controllers::etcd::MemberStatus;
+use etcdfleet_controllers::etcdcluster::plan::Step;
+use etcdfleet_controllers::version_flags::version_flags;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+use crate::driver::{ConvergeLog, TestController, converge};
+use crate::etcd_harness::{AckedWriter, EtcdBinary, LocalEtcdCluster, verify_acknowledged};
+use crate::fleet::Fleet;
+use crate::scenario::{NS, WORKLOAD_NS, etcd_of, get, patch_spec};
+
+/// What a roll under a writer did.
+#[derive(Debug)]
+pub struct RollReport {
+    pub log: ConvergeLog,
+    /// Writes etcd acknowledged during the roll (every one verified after it).
+    pub acknowledged: usize,
+    /// Writes that failed or timed out (outcome unknown, not counted as lost).
+    pub failed: u64,
+    /// Fewest healthy voting members the status showed during the roll.
+    pub min_ready: i32,
+    /// From the spec edit to convergence.
+    pub took: Duration,
+}
+
+impl RollReport {
+    /// Ordinals of `RestartMember` steps, in order.
+    pub fn restarted(&self) -> Vec<u32> {
+        self.log
+            .steps
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Step::RestartMember { ordinal, .. } => Some(*ordinal),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether leadership was moved before a member was restarted.
+    pub fn moved_leadership(&self) -> bool {
+        self.log
+            .steps
+            .iter()
+            .any(|(_, s)| matches!(s, Step::MoveLeader { .. }))
+    }
+}
+
+/// The release a pod's image tag names (`…:v3.6.16` → `3.6.16`).
+pub fn release_of_image(image: &str) -> Option<&str> {
+    let tag = image.rsplit(':').next()?;
+    Some(tag.trim_start_matches('v'))
+}
+
+/// Every member pod of `workload` runs with the flags of the release its
+/// image names, and none that release refuses: no `--feature-gates` before
+/// 3.6, no `--experimental-*` from 3.7. Returns `(pod, release)` pairs.
+pub async fn pods_run_their_releases_flags(
+    fleet: &Fleet,
+    workload: &str,
+) -> Result<BTreeMap<String, String>> {
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client(workload), WORKLOAD_NS);
+    let mut seen = BTreeMap::new();
+    for pod in pods.list(&ListParams::default()).await?.items {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let container = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .context("pod without container")?;
+        let image = container.image.clone().unwrap_or_default();
+        let release = release_of_image(&image)
+            .with_context(|| format!("{name}: image {image} has no tag"))?
+            .to_string();
+        let args = container.args.clone().unwrap_or_default();
+        check_flags(&name, &release, &args)?;
+        seen.insert(name, release);
+    }
+    Ok(seen)
+}
+
+/// The flag rules of [`pods_run_their_releases_flags`] for one command line.
+pub fn check_flags(pod: &str, release: &str, args: &[String]) -> Result<()> {
+    for flag in version_flags(release) {
+        ensure!(
+            args.contains(&flag),
+            "{pod} runs {release} without {flag}: {args:?}"
+        );
+    }
+    let (minor, _) = minor_of(release)?;
+    for arg in args {
+        ensure!(
+            !(minor >= 7 && arg.starts_with("--experimental-")),
+            "{pod} runs {release} with {arg}, which 3.7 removed"
+        );
+        ensure!(
+            !(minor < 6 && arg.starts_with("--feature-gates")),
+            "{pod} runs {release} with {arg}, which only 3.6+ accepts"
+        );
+    }
+    Ok(())
+}
+
+fn minor_of(release: &str) -> Result<(u64, u64)> {
+    let mut parts = release.split('.').skip(1);
+    let minor = parts.next().and_then(|m| m.parse().ok());
+    let patch = parts.next().and_then(|p| p.parse().ok());
+    minor
+        .zip(patch)
+        .with_context(|| format!("{release} is no release"))
+}
+
+/// Edits `spec.version` of `name` (3 members in `workload`, converged) to
+/// `to` and converges with a writer running throughout and a new controller
+/// after every step. Checks, at every round, that each pod
+/// runs its own release's flags. Every acknowledged write is verified.
+pub async fn roll_under_a_writer(
+    fleet: &Fleet,
+    ctl: &mut TestController,
+    name: &str,
+    workload: &str,
+    to: &str,
+    timeout: Duration,
+) -> Result<RollReport> {
+    let (endpoints, config) = etcd_of(fleet, workload, name, 3).await?;
+    let prefix = format!("roll-{name}");
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), &prefix).await?;
+    // Let the writer reach its pace before the roll starts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    patch_spec(fleet, name, serde_json::json!({ "version": to })).await?;
+    let min_ready = Arc::new(AtomicI32::new(3));
+    let log = converge(
+        ctl,
+        &[(NS, name)],
+        timeout,
+        || {
+            let min_ready = min_ready.clone();
+            async move {
+                fleet.sync_all().await?;
+                pods_run_their_releases_flags(fleet, workload).await?;
+                if let Some(s) = get(fleet, name).await?.status {
+                    min_ready.fetch_min(s.ready_members, Ordering::SeqCst);
+                }
+                Ok(())
+            }
+        },
+        |_, _, ctl| {
+            // The controller dies after every step; a new one takes over.
+            ctl.restart();
+            Ok(())
+        },
+    )
+    .await?;
+    let took = started.elapsed();
+    let report = writer.stop().await?;
+    let verified = verify_acknowledged(&report, &endpoints, &config, &prefix).await?;
+    Ok(RollReport {
+        log,
+        acknowledged: verified,
+        failed: report.failed,
+        min_ready: min_ready.load(Ordering::SeqCst),
+        took,
+    })
+}
+
+/// What a pod logged since its container last started (the runtime
+/// appends every start to one log, each after a `--- <time> starting` line).
+pub fn last_run_log(fleet: &Fleet, workload: &str, pod: &str) -> String {
+    let log = fleet
+        .runtime(workload)
+        .pod_log_tail(WORKLOAD_NS, pod, 1_000_000);
+    match log.rfind("\n--- ") {
+        Some(start) => log[start + 1..].to_string(),
+        None => log,
+    }
+}
+
+/// Every member of `name` restarted on its data with the initial corruption
+/// check on, and the check passed (etcd runs it only on a restart).
+pub fn initial_corruption_check_passed(fleet: &Fleet, workload: &str, name: &str) -> Result<()> {
+    let names = etcdfleet_controllers::render::Names::new(name, WORKLOAD_NS);
+    for ordinal in 0..3 {
+        let pod = names.pod(ordinal);
+        let log = last_run_log(fleet, workload, &pod);
+        ensure!(
+            log.contains("initial corruption checking passed; no corruption"),
+            "{pod} did not pass etcd's initial corruption check when it restarted:\n{}",
+            log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// After a roll to `release`: every pod runs it, the status says so, and
+/// etcd's cluster version reaches its minor (within 20 s: the leader raises
+/// it once every member runs the new minor).
+pub async fn assert_runs(fleet: &Fleet, workload: &str, name: &str, release: &str) -> Result<()> {
+    let pods = pods_run_their_releases_flags(fleet, workload).await?;
+    ensure!(
+        pods.len() == 3 && pods.values().all(|r| r == release),
+        "pods do not all run {release}: {pods:?}"
+    );
+    let cluster: EtcdCluster = get(fleet, name).await?;
+    let status = cluster.status.context("status")?;
+    ensure!(
+        status.current_version.as_deref() == Some(release),
+        "status.currentVersion {:?}, want {release}",
+        status.current_version
+    );
+    let (minor, _) = minor_of(release)?;
+    let want = format!("3.{minor}");
+    let mut seen = String::new();
+    for _ in 0..100 {
+        seen = crate::scenario::cluster_version(fleet, workload, name, 0)?;
+        if seen == want {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("etcd reports cluster version {seen}, want {want}")
+}
+
+/// The members of `etcd`, leader last (the order etcd's guides restart them in).
+pub async fn followers_then_leader(etcd: &LocalEtcdCluster) -> Result<Vec<usize>> {
+    let (_, leader) = etcd.cluster_client().await?.leader().await?;
+    let mut slots = Vec::new();
+    let mut leader_slot = None;
+    for i in etcd.active() {
+        if etcd.member_id(i).await? == leader.member_id {
+            leader_slot = Some(i);
+        } else {
+            slots.push(i);
+        }
+    }
+    slots.push(leader_slot.context("the leader is not a member of this harness")?);
+    Ok(slots)
+}
+
+/// A roll by hand with etcd's own calls, as etcd's upgrade and downgrade
+/// guides do it: each follower restarted on `to` (healthy before the next),
+/// then leadership moved to a member already restarted, then the old
+/// leader. What the controller's roll is measured against.
+pub async fn roll_by_hand(etcd: &mut LocalEtcdCluster, to: &EtcdBinary) -> Result<()> {
+    let order = followers_then_leader(etcd).await?;
+    let (leader_slot, followers) = order.split_last().context("no member")?;
+    for &i in followers {
+        etcd.restart(i, Some(to.clone())).await?;
+    }
+    let first = etcd.member_id(followers[0]).await?;
+    etcd.cluster_client().await?.move_leader(first).await?;
+    etcd.restart(*leader_slot, Some(to.clone())).await
+}
+
+/// Waits (up to 20 s) until every member's status passes `ok`; returns the
+/// statuses seen last.
+pub async fn wait_statuses(
+    etcd: &LocalEtcdCluster,
+    what: &str,
+    ok: impl Fn(&MemberStatus) -> bool,
+) -> Result<Vec<MemberStatus>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut seen = Vec::new();
+        for i in etcd.active() {
+            seen.push(etcd.member_client(i).await?.status().await?);
+        }
+        if seen.iter().all(&ok) {
+            return Ok(seen);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "members not {what} after 20 s: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// etcd's online downgrade by hand (docs v3.6 `downgrades/downgrade_3_6`):
+/// validate, enable, wait until every member's storage version is the
+/// target, then roll every member onto `to`, leader last.
+pub async fn downgrade_by_hand(etcd: &mut LocalEtcdCluster, to: &EtcdBinary) -> Result<()> {
+    let (minor, _) = minor_of(&to.release)?;
+    let target = format!("3.{minor}");
+    let client = etcd.cluster_client().await?;
+    client.validate_downgrade(&target).await?;
+    client.enable_downgrade(&target).await?;
+    let storage = format!("{target}.0");
+    wait_statuses(etcd, "migrated", |s| s.storage_version == storage).await?;
+    roll_by_hand(etcd, to).await
+}
+
+/// Sets (or with `None` removes) an annotation on EtcdCluster `name`.
+pub async fn annotate(fleet: &Fleet, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+    let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    let patch = serde_json::json!({ "metadata": { "annotations": { key: value } } });
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What each of the 3 members of `name` says in `Status` (version, storage
+/// version, downgrade target).
+pub async fn member_statuses(
+    fleet: &Fleet,
+    workload: &str,
+    name: &str,
+) -> Result<Vec<MemberStatus>> {
+    let (endpoints, config) = etcd_of(fleet, workload, name, 3).await?;
+    let mut seen = Vec::new();
+    for ep in endpoints {
+        let member = etcdfleet_controllers::etcd::MemberClient::connect(&ep, &config).await?;
+        seen.push(member.status().await?);
+    }
+    Ok(seen)
+}
+
+/// Waits (up to 20 s) until every member of `name` says what `ok` wants
+/// (etcd moves storage and cluster versions on its own, within seconds).
+pub async fn wait_member_statuses(
+    fleet: &Fleet,
+    workload: &str,
+    name: &str,
+    ok: impl Fn(&MemberStatus) -> bool,
+) -> Result<Vec<MemberStatus>> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = member_statuses(fleet, workload, name).await?;
+        if seen.iter().all(&ok) {
+            return Ok(seen);
+        }
+        ensure!(Instant::now() < deadline, "after 20 s: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
