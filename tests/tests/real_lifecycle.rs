@@ -82,7 +82,11 @@ async fn real_lifecycle_create_and_scale_1_3_5_3_through_the_scale_subresource()
     world.kubectl_workload(
         "w1",
         &[
-            "wait", "-n", WORKLOAD_NS, "--timeout=60s", "--for=jsonpath={.status.readyReplicas}=5",
+            "wait",
+            "-n",
+            WORKLOAD_NS,
+            "--timeout=60s",
+            "--for=jsonpath={.status.readyReplicas}=5",
             "statefulset/shop-etcd",
         ],
     )?;
