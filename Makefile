@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
+.PHONY: test tools rust-tools image lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
 
 tools:
 	./hack/install-tools.sh
@@ -12,9 +12,17 @@ tools:
 rust-tools:
 	@command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 
+# The controller image: a static etcdfleet binary alone in an OCI image
+# layout (FROM scratch, written by umoci), tagged v<workspace version>, in
+# target/image/oci. See hack/build-image.sh.
+image: tools
+	./hack/build-image.sh
+
 # nextest runs every test (unit, integration, end to end) each in its own
 # process, so a test's etcd processes never outlive it. The crates have no doc tests.
-test: tools rust-tools
+# The image is built first: the image test and the seeder of every restore
+# use it.
+test: tools rust-tools image
 	cargo nextest run --workspace --all-targets --no-fail-fast
 	ETCDFLEET_DIALER=portForward cargo nextest run --workspace --test e2e_lifecycle --test e2e_versions --no-fail-fast
 

@@ -6,6 +6,7 @@ pub mod driver;
 pub mod etcd_harness;
 pub mod etcd_standin;
 pub mod fleet;
+pub mod image;
 pub mod kubelet_server;
 pub mod otlp;
 pub mod portforward;

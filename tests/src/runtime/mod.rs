@@ -267,18 +267,27 @@ impl ImageTable {
             .collect()
     }
 
-    /// Maps [`SEEDER_IMAGE`]'s `etcdfleet` command onto the etcdfleet binary
-    /// of this build, when it was built (the controller's own image).
+    /// Maps the `etcdfleet` command of the controller's image — both
+    /// [`SEEDER_IMAGE`] and the image's own reference
+    /// (`etcdfleet/controller:v<version>`, the controller's default seeder
+    /// image) — onto the binary inside the image `make image` built
+    /// ([`crate::image::BuiltImage`]), unpacked from its OCI layout: the
+    /// seeder then runs the image's own static binary. Without a current
+    /// image (a test run outside `make test`), onto this build's binary.
     pub fn with_seeder(self) -> Self {
+        let image = crate::image::BuiltImage::locate();
         let exe = std::env::current_exe().ok();
-        let bin = exe
+        let build = exe
             .as_deref()
             .and_then(Path::parent)
             .and_then(Path::parent)
-            .map(|dir| dir.join("etcdfleet"));
-        match bin {
-            Some(bin) if bin.is_file() => self.with_command(SEEDER_IMAGE, "etcdfleet", bin),
-            _ => self,
+            .map(|dir| dir.join("etcdfleet"))
+            .filter(|bin| bin.is_file());
+        match image.current_binary().or(build) {
+            Some(bin) => self
+                .with_command(SEEDER_IMAGE, "etcdfleet", &bin)
+                .with_command(&image.reference(), "etcdfleet", bin),
+            None => self,
         }
     }
 
