@@ -262,7 +262,7 @@ pub struct TemplateRef {
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "etcdfleet.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "EtcdCluster",
     namespaced,
     status = "EtcdClusterStatus",
@@ -343,7 +343,7 @@ pub struct EtcdClusterSpec {
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "etcdfleet.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "EtcdTemplate",
     namespaced,
     shortname = "etcdt",
@@ -374,7 +374,7 @@ pub struct EtcdTemplateSpec {
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "etcdfleet.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "ClusterEtcdTemplate",
     shortname = "cetcdt",
     category = "etcdfleet",

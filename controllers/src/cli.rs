@@ -176,6 +176,7 @@ pub fn validate_offline(kind: &str, object: &serde_json::Value) -> Result<(), Ve
         "ClusterEtcdTemplate" => ClusterEtcdTemplate::crd(),
         other => return Err(vec![format!("kind: {other} is not an etcdfleet kind")]),
     };
+    let crd = crate::crd::with_also_served(crd, etcdfleet_api::ALSO_SERVED);
     match validate_object(&crd, object, None) {
         Ok(v) if v.unknown_fields.is_empty() => Ok(()),
         Ok(v) => Err(v

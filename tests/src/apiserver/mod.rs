@@ -171,7 +171,7 @@ impl Inner {
         let kind = store
             .kinds
             .iter()
-            .position(|k| k.group == group && k.version == version && k.resource == resource)?;
+            .position(|k| k.serves(group, version, resource))?;
         Some(Target {
             kind,
             namespace: namespace.map(str::to_string),
