@@ -9,6 +9,7 @@ pub mod etcdcluster;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod pki;
 pub mod render;
 pub mod restore;

@@ -299,11 +299,17 @@ fn workload_rbac_is_a_role_in_the_etcd_namespace_and_the_readme_says_so() {
 #[test]
 fn controller_rbac_is_least_privilege_in_both_modes() {
     let docs = documents();
-    // The management cluster's roles (config/workload-rbac holds the one the
-    // kubeconfig identity needs in workload clusters, enforced by the test API).
+    // The controller's roles in the management cluster (config/workload-rbac
+    // holds the one the kubeconfig identity needs in workload clusters,
+    // enforced by the test API; config/storage-migration the one-off
+    // migration's own, bound to its own ServiceAccount).
     let cluster_roles: Vec<_> = of_kind(&docs, "ClusterRole")
         .into_iter()
-        .filter(|(path, _)| !path.components().any(|c| c.as_os_str() == "workload-rbac"))
+        .filter(|(path, _)| {
+            !path
+                .components()
+                .any(|c| c.as_os_str() == "workload-rbac" || c.as_os_str() == "storage-migration")
+        })
         .collect();
     let named = |name: &str| {
         cluster_roles
@@ -362,12 +368,14 @@ fn controller_rbac_is_least_privilege_in_both_modes() {
     assert_eq!(grants_of(&lease.1).len(), 1);
 
     // Management bindings point at the controller's ServiceAccount (the
-    // workload binding names the kubeconfig's user instead).
+    // workload binding names the kubeconfig's user instead; the storage
+    // migration binds its own ServiceAccount, never the controller's).
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
-        for (_, b) in of_kind(&docs, kind)
-            .into_iter()
-            .filter(|(path, _)| !path.components().any(|c| c.as_os_str() == "workload-rbac"))
-        {
+        for (_, b) in of_kind(&docs, kind).into_iter().filter(|(path, _)| {
+            !path
+                .components()
+                .any(|c| c.as_os_str() == "workload-rbac" || c.as_os_str() == "storage-migration")
+        }) {
             let subject = &b["subjects"][0];
             assert_eq!(subject["kind"].as_str(), Some("ServiceAccount"));
             assert_eq!(subject["name"].as_str(), Some("etcdfleet-controller"));

@@ -5,6 +5,8 @@
 //! - `render`: offline, what the controller would write for a cluster;
 //! - `plan`: offline, what the controller would do next for clusters as
 //!   `kubectl get -o yaml` shows them;
+//! - `migrate-storage`: rewrites every stored etcdfleet object at the CRDs'
+//!   storage version and trims `status.storedVersions`;
 //! - `restore-seed` / `install-seeder`: the init containers of a restoring
 //!   member (run from this binary inside the etcd image).
 //!
@@ -87,6 +89,19 @@ enum Command {
     /// ETCDFLEET_RESTORE_SESSION_TOKEN.
     #[command(verbatim_doc_comment)]
     RestoreSeed(Box<SeedArgs>),
+    /// Rewrite every stored etcdfleet object at its CRD's storage version,
+    /// then trim the CRDs' status.storedVersions to it.
+    ///
+    /// Run once after installing a release whose CRDs changed the storage
+    /// version (v1alpha1 -> v1beta1), before installing one that no longer
+    /// serves the old version. Changes no object's meaning; idempotent.
+    /// Needs the RBAC of config/storage-migration.
+    #[command(verbatim_doc_comment)]
+    MigrateStorage {
+        /// Kubeconfig of the management cluster [default: in-cluster, $KUBECONFIG or ~/.kube/config].
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
     /// Resolve a host name as the controller's clients do and print its
     /// addresses (a support check: does this image resolve names here?).
     #[command(hide = true)]
@@ -291,6 +306,7 @@ fn main() -> ExitCode {
             member_failure_grace_seconds,
         } => plan(&files, member_failure_grace_seconds),
         Command::RestoreSeed(args) => restore_seed(&args),
+        Command::MigrateStorage { kubeconfig } => current_thread(migrate_storage(kubeconfig)),
         Command::Resolve { host } => current_thread(resolve(host)),
         Command::InstallSeeder { dest } => {
             match etcdfleet_controllers::restore::seed::install_self(&dest) {
@@ -316,6 +332,29 @@ fn current_thread(f: impl std::future::Future<Output = ExitCode>) -> ExitCode {
         Ok(runtime) => runtime.block_on(f),
         Err(e) => {
             eprintln!("error: tokio runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn migrate_storage(kubeconfig: Option<PathBuf>) -> ExitCode {
+    use etcdfleet_controllers::migrate;
+    let client = match migrate::client(kubeconfig.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_INPUT_ERROR);
+        }
+    };
+    match migrate::migrate_storage(&client).await {
+        Ok(report) => {
+            for crd in report {
+                println!("migrate-storage: {crd}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("migrate-storage: {e}");
             ExitCode::FAILURE
         }
     }

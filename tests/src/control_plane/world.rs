@@ -113,6 +113,12 @@ impl KubeWorld {
             .unwrap_or_else(|| panic!("no workload cluster {name:?} in this world"))
     }
 
+    /// The client URL of the etcd every API server of this world stores
+    /// its objects in (each under [`ControlPlane::etcd_prefix`]).
+    pub fn storage_url(&self) -> &str {
+        self._storage.url()
+    }
+
     pub fn workload_names(&self) -> Vec<String> {
         self.workloads.keys().cloned().collect()
     }
