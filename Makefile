@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools image lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
+.PHONY: test tools rust-tools image previous-release lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
 
 tools:
 	./hack/install-tools.sh
@@ -18,11 +18,16 @@ rust-tools:
 image: tools
 	./hack/build-image.sh
 
+# The previous release's binary (CHANGELOG.md), built from its commit in a
+# worktree and cached by commit, for the upgrade test.
+previous-release:
+	./hack/build-release.sh previous
+
 # nextest runs every test (unit, integration, end to end) each in its own
 # process, so a test's etcd processes never outlive it. The crates have no doc tests.
-# The image is built first: the image test and the seeder of every restore
-# use it.
-test: tools rust-tools image
+# The image and the previous release are built first: the image test, the
+# seeder of every restore and the upgrade test use them.
+test: tools rust-tools image previous-release
 	cargo nextest run --workspace --all-targets --no-fail-fast
 	ETCDFLEET_DIALER=portForward cargo nextest run --workspace --test e2e_lifecycle --test e2e_versions --no-fail-fast
 

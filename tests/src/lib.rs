@@ -11,6 +11,7 @@ pub mod kubelet_server;
 pub mod otlp;
 pub mod portforward;
 pub mod portforward_ws;
+pub mod release;
 pub mod runtime;
 pub mod s3;
 pub mod scenario;
