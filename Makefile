@@ -23,13 +23,13 @@ image: tools
 previous-release:
 	./hack/build-release.sh previous
 
-# nextest runs every test (unit, integration, end to end) each in its own
-# process, so a test's etcd processes never outlive it. The crates have no doc tests.
+# nextest runs every test (unit, integration, end to end, the real
+# control-plane tier) each in its own process, so a test's etcd and
+# Kubernetes processes never outlive it. The crates have no doc tests.
 # The image and the previous release are built first: the image test, the
 # seeder of every restore and the upgrade test use them.
 test: tools rust-tools image previous-release
 	cargo nextest run --workspace --all-targets --no-fail-fast
-	ETCDFLEET_DIALER=portForward cargo nextest run --workspace --test e2e_lifecycle --test e2e_versions --no-fail-fast
 
 # The lifecycle and version suites with the controller reaching etcd only
 # through pods/portforward tunnels (the production default dialer).

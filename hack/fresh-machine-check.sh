@@ -6,7 +6,12 @@
 # It changes the machine (packages are removed, then reinstalled by the run):
 # do not run it while other test runs on this machine need etcd.
 #
-#   ./hack/fresh-machine-check.sh            # uninstall, clone, run CI
+# With --cold, the run also starts without the upstream binaries cached
+# outside the clone (ETCDFLEET_CACHE) and without Go's build and module
+# caches, as on a machine that never built them: the cold figure.
+#
+#   ./hack/fresh-machine-check.sh            # uninstall, clone, run CI (upstream cache kept)
+#   ./hack/fresh-machine-check.sh --cold     # the same, with empty upstream and Go caches
 #   ./hack/fresh-machine-check.sh --uninstall-only
 set -euo pipefail
 
@@ -14,8 +19,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
-# Everything hack/install-tools.sh installs (Debian part; PyPI part below). util-linux and iproute2 are part
-# of a minimal Debian system and stay.
+# Everything hack/install-tools.sh installs (Debian part; PyPI part below),
+# and kubernetes-client, which earlier releases of it installed. util-linux
+# and iproute2 are part of a minimal Debian system and stay.
 packages=(protobuf-compiler libprotobuf-dev etcd-server etcd-client kubernetes-client umoci skopeo)
 
 echo "fresh-machine: removing ${packages[*]} and $root/.tools"
@@ -44,5 +50,13 @@ git clone -q "$root" "$work/etcdfleet"
 cd "$work/etcdfleet"
 echo "fresh-machine: running .ci/run in $work/etcdfleet (HEAD $(git rev-parse --short HEAD)) with an empty target dir"
 start=$(date +%s)
-CARGO_TARGET_DIR="$work/target" CI=true bash .ci/run </dev/null
+cold_env=()
+if [ "${1:-}" = "--cold" ]; then
+  mkdir -p "$work/cache" "$work/go-build" "$work/go-mod"
+  cold_env=(ETCDFLEET_CACHE="$work/cache" GOCACHE="$work/go-build" GOMODCACHE="$work/go-mod")
+  echo "fresh-machine: cold: empty upstream, Go build and Go module caches under $work"
+fi
+env "${cold_env[@]}" CARGO_TARGET_DIR="$work/target" CI=true bash .ci/run </dev/null
+# Go marks its module cache read-only; let the trap remove it.
+chmod -R u+w "$work" 2>/dev/null || true
 echo "fresh-machine: .ci/run passed in $(($(date +%s) - start)) s"

@@ -12,13 +12,13 @@
 #     machine's Python, whose other packages pin other boto versions).
 #   - umoci and skopeo (Debian), which write and read the controller's OCI
 #     image (make image), and libc6-dev / binutils for its static binary;
-#   - kubectl (Debian kubernetes-client, unless a kubectl is already on PATH),
-#     whose `kubectl kustomize` renders the stage overlays in tests/tests/deploy.rs;
 #   - upstream binaries built with the machine's Go from the Go module proxy
 #     (hack/upstream/build.sh, cached outside the clone, keyed by version):
 #     kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of
 #     the pinned Kubernetes -> .tools/kubernetes (the real control-plane
-#     tier), and etcd/etcdctl/etcdutl of each pinned etcd -> .tools/etcd-v*.
+#     tier; its kubectl also renders the stage overlays in
+#     tests/tests/deploy.rs), and etcd/etcdctl/etcdutl of each pinned etcd
+#     -> .tools/etcd-v*.
 # Then it proves each tool does its job (not just that it starts); a broken
 # install fails here, naming the package, before cargo starts.
 # Re-running it when everything is present does nothing but check.
@@ -47,7 +47,6 @@ protobuf_includes_present || need_apt+=(libprotobuf-dev)
 [ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
-command -v kubectl >/dev/null 2>&1 || need_apt+=(kubernetes-client)
 # The controller image (make image, hack/build-image.sh): umoci writes the
 # OCI layout, skopeo is the independent reader the image test uses, glibc's
 # static libc.a links the static binary, readelf checks it has no loader.
@@ -164,11 +163,13 @@ skopeo inspect --config "oci:$check_dir/oci:check" >/dev/null 2>"$check_dir/skop
   fail "skopeo cannot read an OCI layout (Debian package skopeo)"
 }
 echo "install-tools: ok $(umoci --version) writes an OCI layout that $(skopeo --version) reads"
-# kubectl must render every stage overlay offline (what deploy.rs tests).
-for stage in dev staging prod; do
-  kubectl kustomize "$root/config/stages/$stage" >/dev/null 2>"$check_dir/kustomize.err" || {
+# The built kubectl must render every stage overlay offline (what deploy.rs
+# tests), without warnings (deprecated kustomize fields).
+for stage in crd stages/dev stages/staging stages/prod; do
+  "$tools/kubernetes/kubectl" kustomize "$root/config/$stage" >/dev/null 2>"$check_dir/kustomize.err" || {
     cat "$check_dir/kustomize.err" >&2
-    fail "kubectl kustomize cannot render config/stages/$stage (Debian package kubernetes-client)"
+    fail "kubectl kustomize cannot render config/$stage"
   }
+  [ ! -s "$check_dir/kustomize.err" ] || { cat "$check_dir/kustomize.err" >&2; fail "kubectl kustomize warns on config/$stage"; }
 done
-echo "install-tools: ok kubectl kustomize renders config/stages/{dev,staging,prod}"
+echo "install-tools: ok kubectl kustomize renders config/crd and config/stages/{dev,staging,prod}"

@@ -242,14 +242,28 @@ impl EtcdProcess {
     ) -> Result<EtcdProcess> {
         // $1 is the hosts file ("" for none), then source/target pairs up to
         // "--", then the program; `exec` keeps the pid, group and death signal.
+        // Every source is first bound into a private staging tmpfs, then onto
+        // its target: a target that is an ancestor of later sources (a pod's
+        // emptyDir at /tmp, while volumes live under /tmp on the host) would
+        // otherwise hide them.
         let script = r#"set -e
 h="$1"; shift
 if [ -n "$h" ]; then mount --bind "$h" /etc/hosts; fi
-while [ "$1" != "--" ]; do mount --bind "$1" "$2"; shift 2; done
+stage=/run/etcdfleet-stage
+mkdir -p "$stage"
+mount -t tmpfs etcdfleet-stage "$stage"
+targets=(); i=0
+while [ "$1" != "--" ]; do
+  mkdir "$stage/$i"; mount --bind "$1" "$stage/$i"
+  targets+=("$2"); i=$((i + 1)); shift 2
+done
 shift
+for j in "${!targets[@]}"; do
+  mkdir -p "${targets[$j]}"; mount --bind "$stage/$j" "${targets[$j]}"
+done
 exec "$@""#;
         let mut cmd = Command::new("unshare");
-        cmd.args(["-m", "sh", "-c", script, "sh"])
+        cmd.args(["-m", "bash", "-c", script, "bash"])
             .arg(spec.hosts_file.as_deref().unwrap_or(Path::new("")));
         for (source, target) in mounts {
             cmd.arg(source).arg(target);

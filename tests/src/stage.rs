@@ -8,13 +8,17 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_yaml::Value;
 
-/// The documents `kubectl kustomize dir` renders (`$KUBECTL`, default
-/// `kubectl`: 1.20 from Debian and current releases both render the
-/// overlays); `None` (after printing SKIPPED, or failing under
-/// ETCDFLEET_REQUIRE_ETCD=1, which CI sets for the whole tool set) when no
-/// kubectl is installed.
+/// The documents `kubectl kustomize dir` renders (`$KUBECTL`, default the
+/// kubectl the test command builds, `.tools/kubernetes/kubectl`); `None`
+/// (after printing SKIPPED, or failing under ETCDFLEET_REQUIRE_ETCD=1, which
+/// CI sets for the whole tool set) when no kubectl is installed.
 pub fn kustomize(dir: &Path) -> Option<Vec<Value>> {
-    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| {
+        crate::control_plane::KubeBinaries::locate()
+            .kubectl()
+            .display()
+            .to_string()
+    });
     let output = match std::process::Command::new(&kubectl)
         .arg("kustomize")
         .arg(dir)

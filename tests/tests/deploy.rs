@@ -82,11 +82,16 @@ fn every_yaml_under_config_parses_and_has_a_kind() {
 fn kustomizations_reference_existing_paths() {
     for (file, doc) in of_kind(&documents(), "Kustomization") {
         let dir = file.parent().unwrap();
-        // `bases` and `patchesStrategicMerge`: the fields kubectl 1.20's
-        // kustomize (Debian kubernetes-client) still understands.
+        // kustomize's deprecated fields (`bases`, `patchesStrategicMerge`)
+        // are not used: current kubectl warns about them.
+        for deprecated in ["bases", "patchesStrategicMerge", "patchesJson6902", "vars"] {
+            assert!(
+                doc[deprecated].is_null(),
+                "{}: deprecated kustomize field {deprecated}",
+                file.display()
+            );
+        }
         let mut paths = strings(&doc["resources"]);
-        paths.extend(strings(&doc["bases"]));
-        paths.extend(strings(&doc["patchesStrategicMerge"]));
         // configMapGenerator files: "key=path" or "path".
         for generator in doc["configMapGenerator"]
             .as_sequence()
@@ -114,9 +119,16 @@ fn kustomizations_reference_existing_paths() {
     }
     let default =
         std::fs::read_to_string(repo().join("config/default/kustomization.yaml")).unwrap();
-    for part in ["../crd", "../rbac", "../manager", "../../templates"] {
+    for part in ["../rbac", "../manager", "../../templates"] {
         assert!(default.contains(part), "default kustomization lacks {part}");
     }
+    // The CRDs are their own first step: a stage applied in one go with them
+    // fails on an empty cluster (its ClusterEtcdTemplates need them
+    // established first).
+    assert!(
+        !default.contains("../crd"),
+        "the CRDs are applied on their own"
+    );
 }
 
 /// (apiGroup, resource) → sorted verbs of a Role's or ClusterRole's rules,
@@ -542,7 +554,7 @@ fn stages_own_disjoint_clusters() {
         let k: Value =
             serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
                 .unwrap();
-        let resources = strings(&k["bases"]);
+        let resources = strings(&k["resources"]);
         assert_eq!(resources[0], "../../default", "{stage}");
         let scope: Vec<String> = if config.namespaces.is_empty() {
             vec!["../../rbac/all-namespaces".into()]
@@ -561,7 +573,11 @@ fn stages_own_disjoint_clusters() {
             )
             .unwrap();
             assert_eq!(inc["namespace"].as_str(), Some(ns.as_str()));
-            assert_eq!(strings(&inc["bases"]), ["../../../../rbac/namespace"]);
+            // The namespace itself, so a first install applies cleanly.
+            assert_eq!(
+                strings(&inc["resources"]),
+                ["namespace.yaml", "../../../../rbac/namespace"]
+            );
         }
         let tag = k["images"][0]["newTag"].as_str().unwrap().to_string();
         assert_eq!(
@@ -581,7 +597,13 @@ fn stages_own_disjoint_clusters() {
                 serde_yaml::from_str(&std::fs::read_to_string(dir.join("replicas.yaml")).unwrap())
                     .unwrap();
             assert_eq!(replicas["spec"]["replicas"].as_i64(), Some(2));
-            assert!(strings(&k["patchesStrategicMerge"]).contains(&"replicas.yaml".to_string()));
+            let patches: Vec<&str> = k["patches"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["path"].as_str())
+                .collect();
+            assert!(patches.contains(&"replicas.yaml"), "{patches:?}");
         }
     }
     // Which tags they pin (a recorded release, promoted in order) is

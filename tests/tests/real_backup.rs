@@ -7,7 +7,7 @@
 
 use anyhow::{Context as _, Result};
 use etcdfleet_tests::control_plane::scenario::{
-    NS, cluster_yaml, installed_world, put, read_everywhere, wait_available,
+    NS, cluster_yaml, installed_world, put, read_everywhere, wait_ready_members,
 };
 use etcdfleet_tests::controller_process::ControllerProcess;
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
@@ -44,16 +44,7 @@ async fn real_backup_to_s3_and_restore_into_a_new_cluster_keeps_every_key() -> R
     put_credentials_in(world.management.admin_client().await?, NS).await?;
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("config.yaml");
-    let installed = world.kubectl(&[
-        "get",
-        "configmap",
-        "etcdfleet-config",
-        "-n",
-        "etcdfleet-system",
-        "-o",
-        "jsonpath={.data.config\\.yaml}",
-    ])?;
-    std::fs::write(&config, installed)?;
+    std::fs::write(&config, world.installed_controller_config()?)?;
     let kubeconfig = world
         .management
         .kubeconfig_with_token(&world.controller_token().await?);
@@ -73,7 +64,7 @@ async fn real_backup_to_s3_and_restore_into_a_new_cluster_keeps_every_key() -> R
         ],
     );
     world.apply(&cluster_yaml("shop", "w1", 3, "3.5.1"))?;
-    wait_available(&world, "shop").with_context(|| p.log())?;
+    wait_ready_members(&world, "shop", 3).with_context(|| p.log())?;
     for i in 0..20 {
         put(&world, "w1", "shop", 3, &format!("key-{i}")).await?;
     }
@@ -104,16 +95,17 @@ spec:
     let mut restored = cluster_yaml("restored", "w1", 3, "3.5.1");
     restored.push_str("  bootstrap:\n    restore:\n      backupName: shop-now\n");
     world.apply(&restored)?;
-    wait_available(&world, "restored")
+    wait_ready_members(&world, "restored", 3)
         .with_context(|| format!("{}\n{}", p.log(), world.workload("w1").plane.log_tails(5)))?;
     for i in [0, 7, 19] {
         read_everywhere(&world, "w1", "restored", 3, &format!("key-{i}")).await?;
     }
     // The seeded member ran the seeder from the seeder image, inside etcd's.
-    let logs = world
-        .workload("w1")
-        .runtime
-        .pod_log_tail("etcd-system", "restored-etcd-0", 200);
+    let logs =
+        world
+            .workload("w1")
+            .runtime
+            .pod_log_tail("etcd-system", "restored-etcd-0", usize::MAX);
     assert!(logs.contains("restore-seed"), "no seeder run in:\n{logs}");
     Ok(())
 }

@@ -131,3 +131,95 @@ async fn real_lifecycle_create_and_scale_1_3_5_3_through_the_scale_subresource()
     assert!(table.contains("shop") && table.contains("3.5.1"), "{table}");
     Ok(())
 }
+
+/// The member id of `ordinal` as the status reports it.
+async fn member_id(
+    world: &etcdfleet_tests::control_plane::KubeWorld,
+    ordinal: u32,
+) -> Result<String> {
+    let status = get(world, "shop").await?.status.context("status")?;
+    status
+        .members
+        .iter()
+        .find(|m| m.name == format!("shop-etcd-{ordinal}"))
+        .and_then(|m| m.id.clone())
+        .with_context(|| format!("no member {ordinal} in {:?}", status.members))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_lifecycle_a_wiped_member_is_replaced_and_delete_keeps_the_pvcs() -> Result<()> {
+    let Some(world) = installed_world(&["w1"]).await? else {
+        return Ok(());
+    };
+    let mut ctl = world.controller().await?;
+    world.apply(&cluster_yaml("shop", "w1", 3, "3.5.1"))?;
+    converge_real(&mut ctl, &["shop"]).await?;
+    put(&world, "w1", "shop", 3, "before-the-loss").await?;
+    let lost = member_id(&world, 1).await?;
+
+    // Member 1's disk is lost: the kubelet restarts it on an empty volume
+    // (the PV's host path), where it cannot rejoin.
+    world
+        .workload("w1")
+        .runtime
+        .wipe_pvc(WORKLOAD_NS, "data-shop-etcd-1")
+        .await?;
+    let log = converge_real(&mut ctl, &["shop"]).await?;
+    let steps = log.steps_of(&format!("{NS}/shop"));
+    let removed = count(&steps, |s| {
+        matches!(
+            s,
+            Step::RemoveMember {
+                ordinal: Some(1),
+                cause: RemovalCause::Failed,
+                ..
+            }
+        )
+    });
+    assert_eq!(removed, 1, "the wiped member was removed once: {steps:?}");
+    assert_eq!(
+        count(&steps, |s| matches!(s, Step::AddLearner { .. })),
+        1,
+        "and replaced: {steps:?}"
+    );
+    let replacement = member_id(&world, 1).await?;
+    assert_ne!(replacement, lost, "ordinal 1 is a new member");
+    read_everywhere(&world, "w1", "shop", 3, "before-the-loss").await?;
+
+    // Deleting the cluster removes its workload objects and keeps the PVCs.
+    world.kubectl(&["delete", "-n", NS, "etcdcluster/shop", "--wait=false"])?;
+    let api: Api<etcdfleet_api::EtcdCluster> =
+        Api::namespaced(world.management.admin_client().await?, NS);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while api.get_opt("shop").await?.is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the finalizer never finished"
+        );
+        let _ = ctl.reconcile(NS, "shop").await;
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let workload = world.workload("w1").admin_client().await?;
+    let sts: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        Api::namespaced(workload.clone(), WORKLOAD_NS);
+    assert!(
+        sts.get_opt("shop-etcd").await?.is_none(),
+        "StatefulSet left behind"
+    );
+    let want: BTreeSet<String> = (0..3).map(|o| format!("data-shop-etcd-{o}")).collect();
+    assert_eq!(
+        pvc_names(workload.clone()).await?,
+        want,
+        "PVCs outlive the cluster"
+    );
+    // The real garbage collector removes the member pods (owned by the StatefulSet).
+    let pods: Api<Pod> = Api::namespaced(workload, WORKLOAD_NS);
+    while !pods.list(&ListParams::default()).await?.items.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "member pods left behind"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    Ok(())
+}

@@ -12,10 +12,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
+use etcdfleet_tests::control_plane::AuditLog;
 use etcdfleet_tests::control_plane::scenario::{
-    NS, cluster_yaml, installed_world, put, read_everywhere, wait_available,
+    NS, cluster_yaml, installed_world, put, read_everywhere, wait_ready_members,
 };
-use etcdfleet_tests::control_plane::{AuditLog, KubeWorld, client_from_kubeconfig};
+use etcdfleet_tests::control_plane::{KubeWorld, client_from_kubeconfig};
 use etcdfleet_tests::controller_process::ControllerProcess;
 
 const CONTROLLER: &str = "system:serviceaccount:etcdfleet-system:etcdfleet-controller";
@@ -32,19 +33,6 @@ fn refused(log: &AuditLog, user: &str) -> Vec<String> {
         .collect()
 }
 
-/// The dev stage's controller configuration as installed (its ConfigMap).
-fn installed_config(world: &KubeWorld) -> Result<String> {
-    world.kubectl(&[
-        "get",
-        "configmap",
-        "etcdfleet-config",
-        "-n",
-        "etcdfleet-system",
-        "-o",
-        "jsonpath={.data.config\\.yaml}",
-    ])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_run_process_under_the_shipped_rbac_converges_with_every_request_allowed() -> Result<()>
 {
@@ -54,7 +42,7 @@ async fn real_run_process_under_the_shipped_rbac_converges_with_every_request_al
     let sa_token = use_the_service_account_token(&world).await?;
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("config.yaml");
-    std::fs::write(&config, installed_config(&world)?)?;
+    std::fs::write(&config, world.installed_controller_config()?)?;
     let kubeconfig = world
         .management
         .kubeconfig_with_token(&world.controller_token().await?);
@@ -73,7 +61,7 @@ async fn real_run_process_under_the_shipped_rbac_converges_with_every_request_al
     );
     p.wait_for_status("/readyz", 200, Duration::from_secs(60));
     world.apply(&cluster_yaml("shop", "w1", 3, "3.5.1"))?;
-    wait_available(&world, "shop").with_context(|| p.log())?;
+    wait_ready_members(&world, "shop", 3).with_context(|| p.log())?;
     put(&world, "w1", "shop", 3, "k").await?;
     read_everywhere(&world, "w1", "shop", 3, "k").await?;
 

@@ -192,7 +192,7 @@ fn a_bad_config_file_fails_at_once_naming_the_field() {
 // tokens, the shipped RBAC and CRDs, list + watch.
 
 /// A management API over HTTPS with the lease namespace, the ha-3 template,
-/// and one EtcdCluster `team-shop/shop` whose workload kubeconfig Secret
+/// and one EtcdCluster `team-a/shop` whose workload kubeconfig Secret
 /// points at `workload_kubeconfig`. Served by `rt`'s workers while the test
 /// thread blocks on processes.
 struct World {
@@ -238,7 +238,7 @@ impl World {
         let api = rt
             .block_on(ApiServer::management())
             .expect("test API server starts");
-        for ns in ["etcdfleet-system", "team-shop"] {
+        for ns in ["etcdfleet-system", "team-a"] {
             admin_create(
                 &rt,
                 &api,
@@ -257,7 +257,7 @@ impl World {
             &api,
             json!({
                 "apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "shop-kubeconfig", "namespace": "team-shop"},
+                "metadata": {"name": "shop-kubeconfig", "namespace": "team-a"},
                 "data": {"value": secret_value},
             }),
         );

@@ -6,10 +6,13 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
-/// One audited request (`level: Metadata`, stage `ResponseComplete`).
+/// One audited request (`level: Metadata`, stage `ResponseStarted` or
+/// `ResponseComplete`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEvent {
+    #[serde(rename = "auditID")]
+    pub audit_id: String,
     pub verb: String,
     #[serde(rename = "requestURI")]
     pub request_uri: String,
@@ -101,10 +104,13 @@ impl AuditLog {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading audit log {}", path.display()))?;
         let mut events = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let event: AuditEvent =
                 serde_json::from_str(line).with_context(|| format!("audit line {line}"))?;
-            if event.stage == "ResponseComplete" {
+            // A long-running request (watch, tunnel) is logged when it
+            // starts and again when it ends: count it once, from its start.
+            if seen.insert(event.audit_id.clone()) {
                 events.push(event);
             }
         }

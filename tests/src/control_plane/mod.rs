@@ -30,7 +30,7 @@
 mod audit;
 mod nodes;
 pub mod scenario;
-mod world;
+pub mod world;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -191,7 +191,8 @@ impl StorageEtcd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Controllers {
     /// A management cluster: namespaces and garbage collection (owner
-    /// references of the controller's PKI Secrets), service accounts.
+    /// references of the controller's PKI Secrets), service accounts, and
+    /// what runs the controller's Deployment (with kube-scheduler).
     Management,
     /// A workload cluster: everything etcd pods need (see the module docs),
     /// and kube-scheduler.
@@ -201,7 +202,10 @@ pub enum Controllers {
 impl Controllers {
     fn names(self) -> &'static str {
         match self {
-            Controllers::Management => "garbagecollector,namespace,serviceaccount",
+            Controllers::Management => {
+                "deployment,replicaset,garbagecollector,namespace,serviceaccount,\
+                 root-ca-cert-publisher,disruption"
+            }
             Controllers::Workload => {
                 "statefulset,garbagecollector,persistentvolume-binder,pvc-protection,\
                  pv-protection,namespace,disruption,serviceaccount,root-ca-cert-publisher"
@@ -325,7 +329,7 @@ impl ControlPlane {
         let log = self.path.join("kube-controller-manager.log");
         self.others
             .push(spawn(binaries.controller_manager(), kcm, &log)?);
-        if controllers == Controllers::Workload {
+        {
             let scheduler = vec![
                 kc,
                 "--leader-elect=false".into(),
@@ -559,11 +563,12 @@ fn apiserver_args(dir: &Path, storage: &StorageEtcd, etcd_prefix: &str, port: u1
     ]
 }
 
-/// Metadata of every request at `ResponseComplete`, nothing at other
-/// stages (one line per request).
+/// Metadata of every request when its response starts (long-running ones:
+/// watches, port-forward tunnels, which complete only when they close) and
+/// completes ([`AuditLog`] keeps the first of the two per request).
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
-omitStages: [RequestReceived, ResponseStarted, Panic]
+omitStages: [RequestReceived, Panic]
 rules:
 - level: Metadata
 ";

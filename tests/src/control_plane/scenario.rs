@@ -74,6 +74,19 @@ pub fn wait_available(world: &KubeWorld, name: &str) -> Result<String> {
     ])
 }
 
+/// `kubectl wait` until the status counts `members` ready members (a new
+/// cluster is Available with its first member, before it has grown).
+pub fn wait_ready_members(world: &KubeWorld, name: &str, members: u32) -> Result<String> {
+    world.kubectl(&[
+        "wait",
+        &format!("--for=jsonpath={{.status.readyMembers}}={members}"),
+        "--timeout=180s",
+        "-n",
+        NS,
+        &format!("etcdcluster/{name}"),
+    ])
+}
+
 /// Client URLs (pod IPs) of members `0..members` and the controller's
 /// client configuration for the cluster.
 pub async fn etcd_of(
@@ -145,10 +158,39 @@ pub async fn read_everywhere(
     Ok(())
 }
 
-/// A world with one workload cluster `w1`, the dev stage installed, the
-/// workload RBAC applied and the kubeconfig Secret in [`NS`]; `None` (after
-/// a loud SKIPPED line) without the Kubernetes binaries.
+/// A world with `workloads`, the dev stage installed, the workload RBAC
+/// applied and the kubeconfig Secrets in [`NS`], whose controller is the
+/// test's own ([`KubeWorld::controller`] or an `etcdfleet run` process): the
+/// installed Deployment is scaled to zero so no second controller acts.
+/// `None` (after a loud SKIPPED line) without the Kubernetes binaries.
 pub async fn installed_world(workloads: &[&str]) -> Result<Option<KubeWorld>> {
+    let Some(world) = installed_world_running(workloads).await? else {
+        return Ok(None);
+    };
+    world.kubectl(&[
+        "scale",
+        "-n",
+        super::world::CONTROLLER_NAMESPACE,
+        "deployment/etcdfleet-controller",
+        "--replicas=0",
+    ])?;
+    // Its pod may have started already: gone before the test acts.
+    world.kubectl(&[
+        "wait",
+        "--for=delete",
+        "pod",
+        "-n",
+        super::world::CONTROLLER_NAMESPACE,
+        "-l",
+        "app.kubernetes.io/component=controller",
+        "--timeout=60s",
+    ])?;
+    Ok(Some(world))
+}
+
+/// Like [`installed_world`], with the installed controller Deployment left
+/// running (the process kubelet of the management cluster runs its pod).
+pub async fn installed_world_running(workloads: &[&str]) -> Result<Option<KubeWorld>> {
     let Some(binaries) = super::require_kubernetes() else {
         return Ok(None);
     };

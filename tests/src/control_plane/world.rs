@@ -32,6 +32,9 @@ pub const CONTROLLER_SERVICE_ACCOUNT: &str = "etcdfleet-controller";
 /// Nodes per workload cluster: the controller's preferred anti-affinity
 /// spreads three members over three Nodes.
 pub const NODES_PER_CLUSTER: usize = 3;
+/// Nodes of the management cluster (the controller's Deployment runs there
+/// when a test installs it as shipped; two replicas spread over two).
+pub const MANAGEMENT_NODES: usize = 2;
 /// How often each process kubelet syncs.
 const KUBELET_SYNC: Duration = Duration::from_millis(250);
 
@@ -45,13 +48,20 @@ pub fn real_settings() -> ReconcilerSettings {
     }
 }
 
+/// The process kubelet of one cluster's Nodes: the workload runtime in node
+/// mode, its kubelet API, and its background sync.
+pub struct Kubelet {
+    pub runtime: Arc<WorkloadRuntime>,
+    pub nodes: Vec<String>,
+    pub api: KubeletServer,
+    _sync: BackgroundSync,
+}
+
 /// One workload cluster: its control plane and its process kubelet.
 pub struct WorkloadPlane {
     pub plane: ControlPlane,
     pub runtime: Arc<WorkloadRuntime>,
-    pub nodes: Vec<String>,
-    pub kubelet_api: KubeletServer,
-    _sync: BackgroundSync,
+    pub kubelet: Kubelet,
 }
 
 /// A management plane and named workload planes on one storage etcd.
@@ -60,6 +70,8 @@ pub struct KubeWorld {
     /// `Kubernetes v1.37.2`.
     pub version: String,
     pub management: ControlPlane,
+    /// Runs the controller's Deployment when a test installs it as shipped.
+    pub management_kubelet: Kubelet,
     workloads: BTreeMap<String, WorkloadPlane>,
     _storage: StorageEtcd,
 }
@@ -93,15 +105,31 @@ impl KubeWorld {
         }));
         let (management, planes) = futures::try_join!(management, workloads)?;
         let kubelet_version = version.trim_start_matches("Kubernetes ").to_string();
+        let management_kubelet = Kubelet::start(
+            &management,
+            "management",
+            MANAGEMENT_NODES,
+            &kubelet_version,
+        )
+        .await?;
         let mut workloads = BTreeMap::new();
         for (name, plane) in workload_names.iter().zip(planes) {
-            let workload = WorkloadPlane::start(name, plane, &kubelet_version).await?;
-            workloads.insert(name.to_string(), workload);
+            let kubelet = Kubelet::start(&plane, name, NODES_PER_CLUSTER, &kubelet_version).await?;
+            let runtime = kubelet.runtime.clone();
+            workloads.insert(
+                name.to_string(),
+                WorkloadPlane {
+                    plane,
+                    runtime,
+                    kubelet,
+                },
+            );
         }
         Ok(KubeWorld {
             binaries,
             version,
             management,
+            management_kubelet,
             workloads,
             _storage: storage,
         })
@@ -160,6 +188,29 @@ impl KubeWorld {
             )?;
         }
         Ok(())
+    }
+
+    /// The controller configuration as installed: the file the shipped
+    /// Deployment mounts from its (generated, hash-suffixed) ConfigMap.
+    pub fn installed_controller_config(&self) -> Result<String> {
+        let config_map = self.kubectl(&[
+            "get",
+            "deployment",
+            "etcdfleet-controller",
+            "-n",
+            CONTROLLER_NAMESPACE,
+            "-o",
+            "jsonpath={.spec.template.spec.volumes[?(@.configMap)].configMap.name}",
+        ])?;
+        self.kubectl(&[
+            "get",
+            "configmap",
+            config_map.trim(),
+            "-n",
+            CONTROLLER_NAMESPACE,
+            "-o",
+            "jsonpath={.data.config\\.yaml}",
+        ])
     }
 
     /// A token of the controller's ServiceAccount (`TokenRequest`, as a pod
@@ -226,37 +277,39 @@ impl KubeWorld {
     }
 }
 
-impl WorkloadPlane {
+impl Kubelet {
+    /// Registers `count` Nodes named `<name>-node-<i>` on `plane` and runs
+    /// their pods.
     async fn start(
+        plane: &ControlPlane,
         name: &str,
-        plane: ControlPlane,
-        kubelet_version: &str,
-    ) -> Result<WorkloadPlane> {
+        count: usize,
+        version: &str,
+    ) -> Result<Kubelet> {
         let admin = plane.admin_client().await?;
-        let nodes: Vec<String> = (0..NODES_PER_CLUSTER)
-            .map(|i| format!("{name}-node-{i}"))
-            .collect();
+        let nodes: Vec<String> = (0..count).map(|i| format!("{name}-node-{i}")).collect();
         let runtime = Arc::new(WorkloadRuntime::for_nodes(
             plane.url(),
             admin.clone(),
             ImageTable::installed(),
             &nodes,
         )?);
-        let kubelet_api = KubeletServer::start(
+        let api = KubeletServer::start(
             "127.0.0.1:0".parse()?,
             runtime_pods(Arc::downgrade(&runtime)),
         )?;
-        nodes::register(&admin, &nodes, kubelet_api.port(), kubelet_version).await?;
+        nodes::register(&admin, &nodes, api.port(), version).await?;
         let sync = runtime.spawn_background(KUBELET_SYNC);
-        Ok(WorkloadPlane {
-            plane,
+        Ok(Kubelet {
             runtime,
             nodes,
-            kubelet_api,
+            api,
             _sync: sync,
         })
     }
+}
 
+impl WorkloadPlane {
     /// An admin client of this workload cluster.
     pub async fn admin_client(&self) -> Result<Client> {
         self.plane.admin_client().await

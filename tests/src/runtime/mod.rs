@@ -132,6 +132,9 @@ const REVISION_LABEL: &str = "controller-revision-hash";
 /// command onto the built etcdfleet binary.
 pub const SEEDER_IMAGE: &str = "etcdfleet/controller:test";
 
+/// The repository of the controller's image, as the shipped manifests name it.
+pub const CONTROLLER_IMAGE_REPOSITORY: &str = "etcdfleet/controller";
+
 /// Maps container images onto local binaries.
 #[derive(Debug, Clone, Default)]
 pub struct ImageTable {
@@ -144,7 +147,22 @@ pub struct ImageTable {
 #[derive(Debug, Clone)]
 enum ImageMatch {
     Exact(String),
+    /// Any tag of this repository (`etcdfleet/controller`).
+    Repository(String),
     Tag(String),
+}
+
+impl ImageMatch {
+    /// How specific a match is: exact rules win over repository rules, which
+    /// win over tag rules.
+    fn rank(&self, image: &str) -> Option<u8> {
+        match self {
+            ImageMatch::Exact(i) if i == image => Some(0),
+            ImageMatch::Repository(r) if image_repository(image) == r => Some(1),
+            ImageMatch::Tag(t) if image_tag(image) == Some(t.as_str()) => Some(2),
+            _ => None,
+        }
+    }
 }
 
 impl ImageTable {
@@ -234,18 +252,13 @@ impl ImageTable {
     /// `image`, if mapped and present on disk. Exact rules win over tag rules.
     pub fn resolve_command(&self, image: &str, command: &str) -> Option<PathBuf> {
         let name = Path::new(command).file_name()?.to_str()?;
-        let tag = image_tag(image);
-        let exact = self.commands.iter().find_map(|(m, c, p)| match m {
-            ImageMatch::Exact(i) if i == image && c == name => Some(p),
-            _ => None,
-        });
-        let by_tag = || {
-            self.commands.iter().find_map(|(m, c, p)| match m {
-                ImageMatch::Tag(t) if Some(t.as_str()) == tag && c == name => Some(p),
-                _ => None,
-            })
-        };
-        exact.or_else(by_tag).filter(|p| p.is_file()).cloned()
+        self.commands
+            .iter()
+            .filter(|(_, c, _)| c == name)
+            .filter_map(|(m, _, p)| Some((m.rank(image)?, p)))
+            .min_by_key(|(rank, _)| *rank)
+            .map(|(_, p)| p.clone())
+            .filter(|p| p.is_file())
     }
 
     /// Every command `image` provides (`etcd` and the mapped tools such as
@@ -267,13 +280,13 @@ impl ImageTable {
             .collect()
     }
 
-    /// Maps the `etcdfleet` command of the controller's image — both
-    /// [`SEEDER_IMAGE`] and the image's own reference
-    /// (`etcdfleet/controller:v<version>`, the controller's default seeder
-    /// image) — onto the binary inside the image `make image` built
-    /// ([`crate::image::BuiltImage`]), unpacked from its OCI layout: the
-    /// seeder then runs the image's own static binary. Without a current
-    /// image (a test run outside `make test`), onto this build's binary.
+    /// Maps every tag of the controller's image ([`CONTROLLER_IMAGE_REPOSITORY`],
+    /// which [`SEEDER_IMAGE`] is one of) onto the binary inside the image
+    /// `make image` built ([`crate::image::BuiltImage`]), unpacked from its
+    /// OCI layout, when it is current, else onto the etcdfleet binary of this
+    /// build: its entrypoint (a Deployment's pod runs `etcdfleet run`) and
+    /// its `etcdfleet` command (the seeder init container, which so runs the
+    /// image's own static binary). Nothing when neither was built.
     pub fn with_seeder(self) -> Self {
         let image = crate::image::BuiltImage::locate();
         let exe = std::env::current_exe().ok();
@@ -284,11 +297,19 @@ impl ImageTable {
             .map(|dir| dir.join("etcdfleet"))
             .filter(|bin| bin.is_file());
         match image.current_binary().or(build) {
-            Some(bin) => self
-                .with_command(SEEDER_IMAGE, "etcdfleet", &bin)
-                .with_command(&image.reference(), "etcdfleet", bin),
+            Some(bin) => self.with_controller_image(bin),
             None => self,
         }
+    }
+
+    /// Maps every tag of [`CONTROLLER_IMAGE_REPOSITORY`] onto `binary`.
+    pub fn with_controller_image(mut self, binary: impl Into<PathBuf>) -> Self {
+        let binary = binary.into();
+        let repository = ImageMatch::Repository(CONTROLLER_IMAGE_REPOSITORY.to_string());
+        self.commands
+            .push((repository.clone(), "etcdfleet".into(), binary.clone()));
+        self.rules.push((repository, binary));
+        self
     }
 
     /// Maps the etcd images of 3.4.23 and 3.5.1 onto the etcd stand-in
@@ -319,18 +340,21 @@ impl ImageTable {
     /// The binary for `image`, if mapped and present on disk. Exact rules win
     /// over tag rules.
     pub fn resolve(&self, image: &str) -> Option<PathBuf> {
-        let tag = image_tag(image);
-        let exact = self.rules.iter().find_map(|(m, p)| match m {
-            ImageMatch::Exact(i) if i == image => Some(p),
-            _ => None,
-        });
-        let by_tag = || {
-            self.rules.iter().find_map(|(m, p)| match m {
-                ImageMatch::Tag(t) if Some(t.as_str()) == tag => Some(p),
-                _ => None,
-            })
-        };
-        exact.or_else(by_tag).filter(|p| p.is_file()).cloned()
+        self.rules
+            .iter()
+            .filter_map(|(m, p)| Some((m.rank(image)?, p)))
+            .min_by_key(|(rank, _)| *rank)
+            .map(|(_, p)| p.clone())
+            .filter(|p| p.is_file())
+    }
+}
+
+/// The repository of an image reference: without tag and digest.
+fn image_repository(image: &str) -> &str {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    match image_tag(without_digest) {
+        Some(tag) => &without_digest[..without_digest.len() - tag.len() - 1],
+        None => without_digest,
     }
 }
 
@@ -550,6 +574,10 @@ struct Inner {
     hosts_file: PathBuf,
     names: Mutex<BTreeMap<String, Ipv4Addr>>,
     state: tokio::sync::Mutex<State>,
+    /// Node mode: the PV host paths (the host-path provisioner's
+    /// directories) its pods mounted, removed with the runtime: the control
+    /// plane that would delete them stops with the test.
+    host_volumes: Mutex<BTreeSet<PathBuf>>,
 }
 
 /// One fake workload cluster's StatefulSet controller + kubelet. See the module docs.
@@ -683,6 +711,7 @@ impl WorkloadRuntime {
                 root,
                 hosts_file,
                 names: Mutex::new(BTreeMap::new()),
+                host_volumes: Mutex::new(BTreeSet::new()),
                 state: tokio::sync::Mutex::new(State {
                     hosts_content: base,
                     ..State::default()
@@ -709,6 +738,22 @@ impl WorkloadRuntime {
     /// The host directory behind PVC `namespace/name`.
     pub fn pvc_dir(&self, namespace: &str, pvc: &str) -> PathBuf {
         self.inner.pvc_dir(namespace, pvc)
+    }
+
+    /// The last `lines` lines of every pod's log, each under its name (for
+    /// failure messages).
+    pub fn all_pod_logs(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for entry in fs::read_dir(self.log_dir()).into_iter().flatten().flatten() {
+            let text = fs::read_to_string(entry.path()).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let tail = all[all.len().saturating_sub(lines)..].join("\n");
+            out.push_str(&format!(
+                "\n--- {} ---\n{tail}",
+                entry.file_name().to_string_lossy()
+            ));
+        }
+        out
     }
 
     /// The last `lines` lines of a pod's log (all its containers' runs).
@@ -903,6 +948,10 @@ impl Drop for Inner {
                 self.server_url,
                 path.display()
             );
+            return;
+        }
+        for volume in self.host_volumes.lock().expect("lock").iter() {
+            let _ = fs::remove_dir_all(volume);
         }
     }
 }
@@ -1338,9 +1387,13 @@ impl Inner {
                 let pv = Api::<PersistentVolume>::all(self.client.clone())
                     .get_opt(&volume)
                     .await?;
-                Ok(pv
+                let path = pv
                     .and_then(|pv| pv.spec?.host_path)
-                    .map(|h| PathBuf::from(h.path)))
+                    .map(|h| PathBuf::from(h.path));
+                if let Some(p) = &path {
+                    self.host_volumes.lock().expect("lock").insert(p.clone());
+                }
+                Ok(path)
             }
         }
     }
@@ -1597,13 +1650,9 @@ impl Inner {
             .map(|c| expand_k8s_vars(c, lookup))
             .collect();
         let mut args: Vec<String> = Vec::new();
+        let mut binary = binary;
         if let Some(first) = command.first() {
-            if first != "etcd" && !first.ends_with("/etcd") {
-                return Err(Waiting::new(
-                    "RunContainerError",
-                    format!("the runtime only runs etcd, not {first:?}"),
-                ));
-            }
+            binary = self.command_binary(&image, &binary, first)?;
             args.extend(command[1..].iter().cloned());
         }
         args.extend(
@@ -1633,6 +1682,27 @@ impl Inner {
             .inspect(
                 |_| tracing::debug!(pod = %pod.name_any(), namespace = %ns, "container started"),
             )
+    }
+
+    /// The binary a container's `command[0]` runs: the image's entrypoint
+    /// when it names it (`etcd` in an etcd image), else another command the
+    /// image provides.
+    fn command_binary(
+        &self,
+        image: &str,
+        entrypoint: &Path,
+        program: &str,
+    ) -> std::result::Result<PathBuf, Waiting> {
+        let name = Path::new(program).file_name().and_then(|n| n.to_str());
+        if name.is_some() && name == entrypoint.file_name().and_then(|n| n.to_str()) {
+            return Ok(entrypoint.to_path_buf());
+        }
+        self.images.resolve_command(image, program).ok_or_else(|| {
+            Waiting::new(
+                "RunContainerError",
+                format!("command {program:?} is not provided by image {image:?} in the runtime's image table"),
+            )
+        })
     }
 
     /// Runs the pod's init containers in order, one at a time, as real
@@ -1835,7 +1905,7 @@ impl Inner {
     ) -> std::result::Result<Vec<(String, String)>, Waiting> {
         let ns = pod.namespace().unwrap_or_default();
         let config_error = |m: String| Waiting::new("CreateContainerConfigError", m);
-        let mut env: Vec<(String, String)> = Vec::new();
+        let mut env: Vec<(String, String)> = self.service_env();
         for from in container.env_from.iter().flatten() {
             let prefix = from.prefix.clone().unwrap_or_default();
             if let Some(r) = &from.config_map_ref {
@@ -1928,9 +1998,36 @@ impl Inner {
         Ok(env)
     }
 
+    /// Node mode: a token of the pod's ServiceAccount bound to the pod
+    /// (`TokenRequest`), as the kubelet mounts it.
+    async fn pod_token(
+        &self,
+        pod: &Pod,
+        source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
+    ) -> Result<String> {
+        use k8s_openapi::api::authentication::v1::TokenRequest;
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let ns = pod.namespace().unwrap_or_default();
+        let account = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into());
+        let request: TokenRequest = serde_json::from_value(json!({ "spec": {
+            "audiences": source.audience.iter().collect::<Vec<_>>(),
+            "expirationSeconds": source.expiration_seconds.unwrap_or(3607),
+            "boundObjectRef": { "kind": "Pod", "apiVersion": "v1", "name": pod.name_any(), "uid": pod.uid() },
+        }}))?;
+        let answer = Api::<ServiceAccount>::namespaced(self.client.clone(), &ns)
+            .create_token_request(&account, &PostParams::default(), &request)
+            .await
+            .with_context(|| format!("a token for ServiceAccount {ns}/{account}"))?;
+        Ok(answer.status.map(|s| s.token).unwrap_or_default())
+    }
+
     /// The files of a `projected` volume: ConfigMap keys and downward-API
-    /// fields as the kubelet writes them; a ServiceAccount token is written
-    /// empty (nothing the runtime runs talks to the API server).
+    /// fields as the kubelet writes them, and a ServiceAccount token (node
+    /// mode: a real one; emulated: empty, the in-memory API issues none).
     async fn projected_files(
         &self,
         pod: &Pod,
@@ -1940,10 +2037,17 @@ impl Inner {
         let mut files = BTreeMap::new();
         for source in projected.sources.iter().flatten() {
             if let Some(token) = &source.service_account_token {
-                files.insert(token.path.clone(), Vec::new());
+                let value = match self.mode {
+                    Mode::Nodes(_) => self.pod_token(pod, token).await?,
+                    Mode::Emulated => String::new(),
+                };
+                files.insert(token.path.clone(), value.into_bytes());
             }
             if let Some(cm) = &source.config_map {
                 let data = self.config_map(&ns, &cm.name).await?.and_then(|c| c.data);
+                if data.is_none() && cm.optional != Some(true) {
+                    bail!("configmap {:?} not found", cm.name);
+                }
                 for item in cm.items.iter().flatten() {
                     if let Some(v) = data.as_ref().and_then(|d| d.get(&item.key)) {
                         files.insert(item.path.clone(), v.clone().into_bytes());
@@ -1962,6 +2066,28 @@ impl Inner {
             }
         }
         Ok(files)
+    }
+
+    /// Node mode: the `kubernetes` Service's variables every container gets,
+    /// so in-cluster clients find the API server. Its ClusterIP is not
+    /// routable on this machine: they name the API server's own address, the
+    /// endpoint the Service would route to.
+    fn service_env(&self) -> Vec<(String, String)> {
+        let Mode::Nodes(_) = self.mode else {
+            return Vec::new();
+        };
+        let Some((host, port)) = self
+            .server_url
+            .strip_prefix("https://")
+            .and_then(|a| a.rsplit_once(':'))
+        else {
+            return Vec::new();
+        };
+        vec![
+            ("KUBERNETES_SERVICE_HOST".into(), host.to_string()),
+            ("KUBERNETES_SERVICE_PORT".into(), port.to_string()),
+            ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.to_string()),
+        ]
     }
 
     async fn config_map(&self, ns: &str, name: &str) -> Result<Option<ConfigMap>, kube::Error> {

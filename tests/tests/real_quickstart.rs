@@ -1,0 +1,147 @@
+//! The README's quickstart, run verbatim on real control planes: every
+//! ```sh block under `## Quickstart`, in order, with bash and the kubectl of
+//! the Kubernetes build, from an empty management cluster to an Available
+//! EtcdCluster, then the upgrade, backup and restore it shows. The first
+//! block holds the reader's own values; the test supplies its own instead
+//! (its workload cluster's admin kubeconfig, its S3 server). If the README
+//! changes and its commands stop working, this fails.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use etcdfleet_tests::control_plane::scenario::{put, read_everywhere};
+use etcdfleet_tests::control_plane::{KubeWorld, require_kubernetes};
+use etcdfleet_tests::controller_process::repo;
+use etcdfleet_tests::s3::S3Server;
+
+const BUCKET: &str = "quickstart-backups";
+
+/// The ```sh blocks of the README section `## Quickstart`, in order.
+fn quickstart_blocks(readme: &str) -> Result<Vec<String>> {
+    let start = readme
+        .find("\n## Quickstart\n")
+        .context("the README has no ## Quickstart section")?;
+    let section = &readme[start + 1..];
+    let end = section[3..].find("\n## ").map_or(section.len(), |i| i + 3);
+    let mut blocks = Vec::new();
+    let mut rest = &section[..end];
+    while let Some(open) = rest.find("```sh\n") {
+        let body = &rest[open + 6..];
+        let close = body.find("\n```").context("an unclosed ```sh block")?;
+        blocks.push(body[..close].to_string());
+        rest = &body[close + 4..];
+    }
+    ensure!(
+        blocks.len() >= 5,
+        "expected the quickstart's blocks, found {}",
+        blocks.len()
+    );
+    ensure!(
+        blocks[0].contains("export WORKLOAD_KUBECONFIG"),
+        "the first block sets the reader's values"
+    );
+    Ok(blocks)
+}
+
+/// A working directory with the repository's manifests, as a reader's
+/// checkout (files the commands write stay out of the repository).
+fn checkout(dir: &Path) -> Result<()> {
+    for part in ["config", "templates"] {
+        let status = Command::new("cp")
+            .arg("-r")
+            .arg(repo().join(part))
+            .arg(dir)
+            .status()?;
+        ensure!(status.success(), "copying {part}");
+    }
+    Ok(())
+}
+
+fn run_block(world: &KubeWorld, dir: &Path, env: &[(String, String)], block: &str) -> Result<()> {
+    let path = format!(
+        "{}:{}",
+        world.binaries.dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", block])
+        .current_dir(dir)
+        .env("PATH", path)
+        .env("KUBECONFIG", world.management.admin_kubeconfig_file())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .context("bash")?;
+    if !out.status.success() {
+        bail!(
+            "quickstart block failed ({}):\n{block}\n--- stdout\n{}\n--- stderr\n{}\n--- controller\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            world.management_kubelet.runtime.all_pod_logs(40)
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_quickstart_of_the_readme_runs_verbatim_from_an_empty_cluster() -> Result<()> {
+    let Some(binaries) = require_kubernetes() else {
+        return Ok(());
+    };
+    let Some(s3) = S3Server::start() else {
+        return Ok(());
+    };
+    s3.create_bucket(BUCKET)?;
+    let blocks = quickstart_blocks(&std::fs::read_to_string(repo().join("README.md"))?)?;
+    let world = KubeWorld::start(binaries, &["w1"]).await?;
+    let dir = tempfile::tempdir()?;
+    checkout(dir.path())?;
+    let workload_kubeconfig = dir.path().join("workload-admin.kubeconfig");
+    std::fs::write(
+        &workload_kubeconfig,
+        world.workload("w1").plane.admin_kubeconfig(),
+    )?;
+    let env: Vec<(String, String)> = [
+        (
+            "WORKLOAD_KUBECONFIG",
+            workload_kubeconfig.display().to_string(),
+        ),
+        ("S3_ENDPOINT", s3.endpoint()),
+        ("S3_BUCKET", BUCKET.to_string()),
+        ("S3_ALLOW_HTTP", "true".to_string()),
+        (
+            "AWS_ACCESS_KEY_ID",
+            etcdfleet_tests::s3::ACCESS_KEY_ID.to_string(),
+        ),
+        (
+            "AWS_SECRET_ACCESS_KEY",
+            etcdfleet_tests::s3::SECRET_ACCESS_KEY.to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+
+    let started = Instant::now();
+    let mut available_after = None;
+    for block in &blocks[1..] {
+        if block.contains("etcdbackup.yaml") {
+            // Data the restore must bring back.
+            put(&world, "w1", "shop", 3, "before-the-backup").await?;
+        }
+        run_block(&world, dir.path(), &env, block)?;
+        if available_after.is_none() && block.contains("--for=condition=Available") {
+            available_after = Some(started.elapsed());
+        }
+    }
+    let available_after = available_after.context("no block waits for Available")?;
+    eprintln!(
+        "quickstart: empty control plane to Available in {:.1} s; every block in {:.1} s",
+        available_after.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    read_everywhere(&world, "w1", "shop-restored", 3, "before-the-backup").await?;
+    Ok(())
+}
