@@ -154,6 +154,7 @@ fn inputs_of(manifest: &str) -> RenderInputs {
 }
 
 /// What v0.1.0 computed for [`FLEET`], in its order.
+#[rustfmt::skip]
 const PINNED: &[(&str, &str, &str)] = &[
     ("minimal", "StatefulSet", "8e8cf42f74ca169e2d2b86c4"),
     ("minimal", "StatefulSet (legacy hash, still recognised)", "7c36901e9a3582e170dbdd50"),

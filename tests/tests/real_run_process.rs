@@ -135,7 +135,11 @@ async fn use_the_service_account_token(world: &KubeWorld) -> Result<String> {
     let kubeconfig = world.workload("w1").plane.kubeconfig_with_token(&token);
     let patch = serde_json::json!({ "stringData": { "value": kubeconfig } });
     Api::<Secret>::namespaced(world.management.admin_client().await?, NS)
-        .patch("w1-kubeconfig", &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            "w1-kubeconfig",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await?;
     Ok(token)
 }
