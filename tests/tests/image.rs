@@ -333,7 +333,7 @@ async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()>
 }
 
 #[test]
-fn the_test_world_runs_the_seeder_from_the_image() {
+fn the_test_world_runs_the_seeder_and_the_controller_from_the_image() {
     let Some(image) = require_image() else {
         return;
     };
@@ -345,5 +345,11 @@ fn the_test_world_runs_the_seeder_from_the_image() {
             "{reference}"
         );
     }
+    // And the controller's Deployment (the image's entrypoint) in the real
+    // tier's management cluster.
+    assert_eq!(
+        table.resolve(&image.reference()),
+        Some(image.rootfs_binary())
+    );
     assert_eq!(BuiltImage::locate().tag, image.tag);
 }

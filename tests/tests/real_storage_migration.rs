@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_controllers::crd;
-use etcdfleet_tests::control_plane::scenario::{NS, cluster_yaml, wait_available};
+use etcdfleet_tests::control_plane::scenario::{
+    NS, cluster_yaml, stop_installed_controller, wait_available,
+};
 use etcdfleet_tests::control_plane::{KubeWorld, require_kubernetes};
 use etcdfleet_tests::controller_process::{ControllerProcess, etcdfleet_binary};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -256,26 +258,27 @@ async fn real_storage_migration_keeps_every_object_and_a_v1beta1_only_build_star
     world.apply(&v1alpha1_objects(&backups.display().to_string()))?;
     let created = meaning(&world, "v1alpha1")?;
 
-    // This tree's dev stage: v1beta1 stored, v1alpha1 still served.
-    world.install("config/stages/dev")?;
-    world.install_workload_rbac()?;
+    // This tree's CRDs: v1beta1 stored, v1alpha1 still served.
+    world.kubectl(&["apply", "--server-side", "-k", "config/crd"])?;
+    world.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd",
+        "--all",
+    ])?;
+    let read = meaning(&world, "v1beta1")?;
     ensure!(
-        meaning(&world, "v1beta1")? == created,
-        "v1alpha1 objects read as v1beta1 differ"
+        read == created,
+        "v1alpha1 objects read as v1beta1 differ:\ncreated {created:#?}\nread {read:#?}"
     );
+    // Then its dev stage, the installed controller stopped: this test
+    // drives its own controller processes (before and after).
+    world.install("config/stages/dev")?;
+    stop_installed_controller(&world)?;
+    world.install_workload_rbac()?;
     let config = dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        world.kubectl(&[
-            "get",
-            "configmap",
-            "etcdfleet-config",
-            "-n",
-            "etcdfleet-system",
-            "-o",
-            "jsonpath={.data.config\\.yaml}",
-        ])?,
-    )?;
+    std::fs::write(&config, world.installed_controller_config()?)?;
     let config = config.display().to_string();
     let token = world.controller_token().await?;
     let p = start_controller(&world, &token, &config, "before-migration");
