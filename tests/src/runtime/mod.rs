@@ -849,6 +849,15 @@ impl WorkloadRuntime {
         self.resolve(&format!("{pod}.{namespace}.pod"))
     }
 
+    /// The executable a pod's running process is (its `/proc/<pid>/exe`: the
+    /// runtime execs the binary its image maps to), if it runs.
+    pub async fn pod_executable(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
+        let state = self.inner.state.lock().await;
+        let run = state.pods.get(&(namespace.to_string(), pod.to_string()))?;
+        let process = run.process.as_ref().filter(|p| p.is_running())?;
+        fs::read_link(format!("/proc/{}/exe", process.pid())).ok()
+    }
+
     /// SIGKILLs a pod's process; the next syncs restart it (restartCount + 1).
     pub async fn kill_pod_process(&self, namespace: &str, pod: &str) -> Result<()> {
         let mut state = self.inner.state.lock().await;
