@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools image previous-release lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
+.PHONY: test tools rust-tools structure image previous-release lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
 
 tools:
 	./hack/install-tools.sh
@@ -28,7 +28,7 @@ previous-release:
 # Kubernetes processes never outlive it. The crates have no doc tests.
 # The image and the previous release are built first: the image test, the
 # seeder of every restore and the upgrade test use them.
-test: tools rust-tools image previous-release
+test: structure tools rust-tools image previous-release
 	cargo nextest run --workspace --all-targets --no-fail-fast
 
 # The lifecycle and version suites with the controller reaching etcd only
@@ -42,7 +42,17 @@ test-kubernetes-oldest: tools rust-tools
 	./hack/upstream/build.sh kubernetes-oldest
 	ETCDFLEET_KUBERNETES_DIR=$(CURDIR)/.tools/kubernetes-oldest cargo nextest run --workspace --no-fail-fast -E 'binary(/^real_/)'
 
-lint:
+# The project's own bounds, in seconds and without a build: no function
+# outside tests over 120 lines and no file over 1,000 lines before its tests
+# (hack/check-bounds.py), no import circle between the files of a crate
+# (hack/check-imports.py), and no test that asserts only inside a condition
+# that may be false (hack/check-test-asserts.py). Part of `lint` and `test`.
+structure:
+	python3 hack/check-bounds.py controllers/src api/src
+	python3 hack/check-imports.py controllers/src api/src
+	python3 hack/check-test-asserts.py .
+
+lint: structure
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 

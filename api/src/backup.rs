@@ -19,7 +19,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::types::{BackupSpec, DURATION_RULE, ObjectStoreDestination};
+use crate::destination::{BackupSpec, DURATION_RULE, ObjectStoreDestination};
 
 /// Label on an `EtcdBackup` naming the cluster it is of.
 pub const CLUSTER_LABEL: &str = "etcdfleet.dev/cluster";
@@ -250,6 +250,9 @@ pub enum BackupConfigError {
     #[error("no destination: set spec.destination or the cluster's spec.backup.destination")]
     NoDestination,
 }
+
+/// A parsed cron schedule ([`parse_schedule`]).
+pub type CronSchedule = croner::Cron;
 
 /// Parses a five-field cron expression (no seconds field).
 pub fn parse_schedule(schedule: &str) -> Result<croner::Cron, BackupConfigError> {

@@ -5,6 +5,7 @@
 
 pub mod backup;
 pub mod conditions;
+pub mod destination;
 pub mod restore;
 pub mod template;
 pub mod types;

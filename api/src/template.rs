@@ -35,6 +35,9 @@ use crate::version::{image_for, parse_full_version};
 
 /// Workload namespace of the etcd objects when no layer names one.
 pub const DEFAULT_WORKLOAD_NAMESPACE: &str = "etcd-system";
+/// Annotation that asks the controller to move a cluster onto the current
+/// revision of its template. Removed by the controller once done.
+pub const REBASE_ANNOTATION: &str = "etcdfleet.dev/rebase-template";
 /// Member volume size when no layer names one.
 pub const DEFAULT_STORAGE_SIZE: &str = "8Gi";
 /// etcd's own default `--heartbeat-interval`.

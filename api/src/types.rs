@@ -17,6 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+pub use crate::destination::{BackupSpec, DURATION_RULE, ObjectStoreDestination};
+
 /// Settings that a template may provide and a cluster may override. Every field
 /// is optional here; template resolution turns them into a `ResolvedEtcdSpec`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -151,69 +153,6 @@ pub struct EtcdTuning {
     /// `--snapshot-count`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_count: Option<i64>,
-}
-
-/// A duration of whole seconds, minutes, hours or days (`90s`, `15m`, `72h`, `30d`).
-pub const DURATION_RULE: &str = "self.matches('^[1-9][0-9]{0,8}(s|m|h|d)$')";
-const DURATION_MESSAGE: &str = "must be a positive whole number followed by s, m, h or d, e.g. 72h";
-
-/// Backup defaults of a cluster: the values an `EtcdBackup` or
-/// `EtcdBackupSchedule` naming the cluster uses for the fields it leaves
-/// empty. Templates provide them like every other setting. Nothing is backed
-/// up until an `EtcdBackup` or `EtcdBackupSchedule` exists.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BackupSpec {
-    /// Cron schedule, e.g. `0 */6 * * *`. Empty: no scheduled backups.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schedule: Option<String>,
-    /// How many successful snapshots to keep.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self >= 1").message("retention must be at least 1"))]
-    pub retention: Option<i32>,
-    /// Successful snapshots older than this are pruned (the newest is always
-    /// kept), e.g. `72h`, `30d`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
-    pub retention_max_age: Option<String>,
-    /// Where snapshots go.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub destination: Option<ObjectStoreDestination>,
-}
-
-/// Where snapshots go: an S3-compatible bucket (`bucket`) or a directory on
-/// the controller's filesystem (`path`, for development and tests).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.bucket) != has(self.path)").message("exactly one of bucket (S3-compatible store) or path (local directory) must be set"))]
-pub struct ObjectStoreDestination {
-    /// Bucket name of an S3-compatible store.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bucket: Option<String>,
-    /// Absolute path of a local directory instead of a bucket (development and tests).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.startsWith('/')").message("path must be absolute"))]
-    pub path: Option<String>,
-    /// Key prefix inside the bucket or directory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefix: Option<String>,
-    /// Endpoint URL of the object store (empty: the provider's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    /// Region of the bucket (default `us-east-1`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    /// Address the bucket as `<endpoint>/<bucket>` instead of `<bucket>.<endpoint>`
-    /// (most self-hosted S3-compatible stores need this).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub force_path_style: Option<bool>,
-    /// Allow a plain `http://` endpoint (loopback test servers only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_http: Option<bool>,
-    /// Secret (in the namespace of the EtcdCluster) with the keys
-    /// `accessKeyId`, `secretAccessKey` and optionally `sessionToken`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credentials_secret_name: Option<String>,
 }
 
 /// The workload cluster, Cluster-API style: its kubeconfig is in the Secret

@@ -14,7 +14,7 @@
 use std::fmt;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::core::cel::{ErrorKind, RootContext, Validator};
+use kube::core::cel::{ErrorKind, RootContext, ValidationError, Validator};
 use serde_json::{Map, Value, json};
 
 /// One rejected field, as in the `details.causes` of a 422 Status.
@@ -145,36 +145,7 @@ pub fn validate_object(
     if let Err(failures) =
         Validator::new().validate_with_context(&schema, &object, old, Some(&context))
     {
-        for failure in failures.iter() {
-            let field = failure.field_path.trim_start_matches('.').to_string();
-            let shown = type_name(lookup(&object, &field));
-            let (reason, message) = match failure.kind {
-                ErrorKind::ValidationFailure => {
-                    let reason = failure.reason.clone().unwrap_or_else(|| INVALID.into());
-                    let body = match reason.as_str() {
-                        REQUIRED => format!("Required value: {}", failure.message),
-                        FORBIDDEN => format!("Forbidden: {}", failure.message),
-                        DUPLICATE => format!("Duplicate value: {}", failure.message),
-                        _ => format!("Invalid value: \"{shown}\": {}", failure.message),
-                    };
-                    (reason, body)
-                }
-                // A rule that cannot be evaluated rejects the object (fail
-                // closed), as the API server does.
-                _ => (
-                    INVALID.to_string(),
-                    format!(
-                        "Invalid value: \"{shown}\": rule could not be evaluated: {}",
-                        failure.message
-                    ),
-                ),
-            };
-            errors.push(FieldError {
-                field,
-                reason,
-                message,
-            });
-        }
+        errors.extend(rule_errors(failures.iter(), &object));
     }
     if !errors.is_empty() {
         return Err(errors);
@@ -183,6 +154,46 @@ pub fn validate_object(
         object,
         unknown_fields: unknown,
     })
+}
+
+/// The field errors of failed x-kubernetes-validations rules, worded as the
+/// API server words them.
+fn rule_errors<'a, F>(failures: F, object: &Value) -> Vec<FieldError>
+where
+    F: Iterator<Item = &'a ValidationError>,
+{
+    let mut errors = Vec::new();
+    for failure in failures {
+        let field = failure.field_path.trim_start_matches('.').to_string();
+        let shown = type_name(lookup(object, &field));
+        let (reason, message) = match failure.kind {
+            ErrorKind::ValidationFailure => {
+                let reason = failure.reason.clone().unwrap_or_else(|| INVALID.into());
+                let body = match reason.as_str() {
+                    REQUIRED => format!("Required value: {}", failure.message),
+                    FORBIDDEN => format!("Forbidden: {}", failure.message),
+                    DUPLICATE => format!("Duplicate value: {}", failure.message),
+                    _ => format!("Invalid value: \"{shown}\": {}", failure.message),
+                };
+                (reason, body)
+            }
+            // A rule that cannot be evaluated rejects the object (fail
+            // closed), as the API server does.
+            _ => (
+                INVALID.to_string(),
+                format!(
+                    "Invalid value: \"{shown}\": rule could not be evaluated: {}",
+                    failure.message
+                ),
+            ),
+        };
+        errors.push(FieldError {
+            field,
+            reason,
+            message,
+        });
+    }
+    errors
 }
 
 /// The 422 Status the API server returns (kind Status, reason Invalid, code 422, message "<Kind>.<group> \"<name>\" is invalid: <field>: <detail>, ...", details.causes[] with reason/message/field).

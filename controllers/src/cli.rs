@@ -705,9 +705,49 @@ pub fn observation_from_status(
     member_failure_grace: Duration,
 ) -> Observation {
     let names: Names = inputs.names();
-    let repository = image_repository(&inputs.image).to_string();
+    let entries = status_entries(&names, members);
+    let observations = member_observations(&entries, &names, inputs.tls);
+    let failed_members = failed_from_status(&entries, now, member_failure_grace);
+    let (pods, pvcs) = pods_and_volumes_from_status(&entries, inputs);
+    let sts_replicas = pods.keys().max().map_or(0, |o| o + 1);
+    Observation {
+        names,
+        tls: inputs.tls,
+        desired_replicas,
+        stale_objects: Vec::new(),
+        statefulset: Some(StatefulSetObservation {
+            replicas: sts_replicas,
+            image: inputs.image.clone(),
+            template_hash: None,
+        }),
+        pods,
+        pvcs,
+        etcd: EtcdObservation::Observed(ClusterHealth::new(observations)),
+        failed_long_ago: BTreeSet::new(),
+        failed_members,
+        // Alarms are not in the status; `plan` cannot see them.
+        alarms: Vec::new(),
+        // Ownership, PKI and storage are read from the workload cluster, which
+        // `plan` does not contact.
+        conflicts: Vec::new(),
+        pki_lost: false,
+        storage_change: None,
+        // The version policy is reported on its own line (VersionAccepted).
+        requested_version: None,
+        known_voters: members.iter().filter(|m| !m.learner).count() as u32,
+        last_failure: None,
+        // A running cluster: the restore gate applies only before bootstrap.
+        restore: Default::default(),
+    }
+}
+
+/// A listed member: its ordinal (from its name or peer URL), an id (its own,
+/// else a made-up one no other member has) and its status.
+type StatusEntry<'a> = (Option<u32>, u64, &'a MemberStatus);
+
+fn status_entries<'a>(names: &Names, members: &'a [MemberStatus]) -> Vec<StatusEntry<'a>> {
     let mut used_ids = BTreeSet::new();
-    let entries: Vec<(Option<u32>, u64, &MemberStatus)> = members
+    members
         .iter()
         .enumerate()
         .map(|(i, m)| {
@@ -724,16 +764,24 @@ pub fn observation_from_status(
             used_ids.insert(id);
             (ordinal, id, m)
         })
-        .collect();
+        .collect()
+}
+
+/// What etcd would say about each listed member.
+fn member_observations(
+    entries: &[StatusEntry<'_>],
+    names: &Names,
+    tls: bool,
+) -> Vec<MemberObservation> {
     let leader = entries
         .iter()
         .find(|(_, _, m)| m.leader && m.healthy && !m.learner)
         .map_or(0, |(_, id, _)| *id);
-    let observations = entries
+    entries
         .iter()
         .map(|(ordinal, id, m)| {
             let peer_urls = match ordinal {
-                Some(o) => vec![names.peer_url(*o, inputs.tls)],
+                Some(o) => vec![names.peer_url(*o, tls)],
                 None => m.peer_urls.clone(),
             };
             let member = Member {
@@ -763,8 +811,17 @@ pub fn observation_from_status(
                 error: m.message.clone(),
             }
         })
-        .collect();
-    let failed_members = entries
+        .collect()
+}
+
+/// Members unhealthy for longer than the failure grace, by the stored
+/// `unhealthySince`.
+fn failed_from_status(
+    entries: &[StatusEntry<'_>],
+    now: k8s_openapi::jiff::Timestamp,
+    member_failure_grace: Duration,
+) -> BTreeSet<u64> {
+    entries
         .iter()
         .filter(|(_, _, m)| !m.healthy)
         .filter(|(_, _, m)| {
@@ -773,7 +830,15 @@ pub fn observation_from_status(
             })
         })
         .map(|(_, id, _)| *id)
-        .collect();
+        .collect()
+}
+
+/// The pods and volumes of the listed members at this cluster's ordinals.
+fn pods_and_volumes_from_status(
+    entries: &[StatusEntry<'_>],
+    inputs: &RenderInputs,
+) -> (BTreeMap<u32, PodObservation>, BTreeMap<u32, PvcObservation>) {
+    let repository = image_repository(&inputs.image).to_string();
     let ordinals: BTreeMap<u32, &MemberStatus> = entries
         .iter()
         .filter_map(|(o, _, m)| o.map(|o| (o, *m)))
@@ -819,36 +884,7 @@ pub fn observation_from_status(
             )
         })
         .collect();
-    let sts_replicas = ordinals.keys().max().map_or(0, |o| o + 1);
-    Observation {
-        names,
-        tls: inputs.tls,
-        desired_replicas,
-        stale_objects: Vec::new(),
-        statefulset: Some(StatefulSetObservation {
-            replicas: sts_replicas,
-            image: inputs.image.clone(),
-            template_hash: None,
-        }),
-        pods,
-        pvcs,
-        etcd: EtcdObservation::Observed(ClusterHealth::new(observations)),
-        failed_long_ago: BTreeSet::new(),
-        failed_members,
-        // Alarms are not in the status; `plan` cannot see them.
-        alarms: Vec::new(),
-        // Ownership, PKI and storage are read from the workload cluster, which
-        // `plan` does not contact.
-        conflicts: Vec::new(),
-        pki_lost: false,
-        storage_change: None,
-        // The version policy is reported on its own line (VersionAccepted).
-        requested_version: None,
-        known_voters: members.iter().filter(|m| !m.learner).count() as u32,
-        last_failure: None,
-        // A running cluster: the restore gate applies only before bootstrap.
-        restore: Default::default(),
-    }
+    (pods, pvcs)
 }
 
 /// What the members list cannot say, `Available` does: when the last

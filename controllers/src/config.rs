@@ -19,8 +19,6 @@ use etcdfleet_api::EtcdCluster;
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 
-use crate::etcdcluster::ReconcilerSettings;
-
 /// The default `seederImage`: this release's controller image.
 pub const DEFAULT_SEEDER_IMAGE: &str = concat!("etcdfleet/controller:v", env!("CARGO_PKG_VERSION"));
 
@@ -120,6 +118,37 @@ impl LeaderElectionConfig {
     }
 }
 
+/// The `tracing` section of the controller config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// OTLP/gRPC endpoint of a collector, e.g. `http://otel-collector:4317`.
+    /// Unset: the standard `OTEL_EXPORTER_OTLP_*` environment decides.
+    pub otlp_endpoint: Option<String>,
+}
+
+/// Which dialer the controller uses (`dialer:` in the controller config).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DialerKind {
+    Direct,
+    #[default]
+    PortForward,
+}
+
+impl std::str::FromStr for DialerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "direct" => Ok(DialerKind::Direct),
+            "portForward" => Ok(DialerKind::PortForward),
+            other => Err(format!(
+                "dialer {other:?} is neither direct nor portForward"
+            )),
+        }
+    }
+}
+
 /// The configuration as written in the file (camelCase YAML).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -135,11 +164,11 @@ pub struct ControllerConfig {
     pub metrics_address: String,
     pub log_format: LogFormat,
     /// OpenTelemetry trace export (off unless an endpoint is set).
-    pub tracing: crate::telemetry::TracingConfig,
+    pub tracing: TracingConfig,
     /// How etcd members are reached: `portForward` (through the workload API
     /// server, the default) or `direct` (the management network routes to
     /// workload pods).
-    pub dialer: crate::dialer::DialerKind,
+    pub dialer: DialerKind,
     /// At most this many EtcdClusters are reconciled at once (per watched
     /// namespace), so a start or a failover does not reconcile the whole
     /// fleet at the same instant.
@@ -162,18 +191,17 @@ pub struct ControllerConfig {
 
 impl Default for ControllerConfig {
     fn default() -> Self {
-        let settings = ReconcilerSettings::default();
         ControllerConfig {
             namespaces: Vec::new(),
             label_selector: None,
-            member_failure_grace_seconds: settings.member_failure_grace.as_secs(),
-            deletion_timeout_seconds: settings.deletion_timeout.as_secs(),
-            requeue_converged_seconds: settings.requeue_converged.as_secs(),
+            member_failure_grace_seconds: 120,
+            deletion_timeout_seconds: 600,
+            requeue_converged_seconds: 60,
             leader_election: LeaderElectionConfig::default(),
             metrics_address: "0.0.0.0:8080".into(),
             log_format: LogFormat::Text,
             tracing: Default::default(),
-            dialer: crate::dialer::DialerKind::default(),
+            dialer: DialerKind::default(),
             max_concurrent_reconciles: 16,
             debounce_milliseconds: 200,
             shutdown_grace_seconds: 10,
@@ -202,7 +230,7 @@ pub struct Overrides {
     pub max_concurrent_reconciles: Option<u16>,
     pub debounce_milliseconds: Option<u64>,
     pub shutdown_grace_seconds: Option<u64>,
-    pub dialer: Option<crate::dialer::DialerKind>,
+    pub dialer: Option<DialerKind>,
     pub otlp_endpoint: Option<String>,
     pub seeder_image: Option<String>,
 }
@@ -464,17 +492,6 @@ impl ControllerConfig {
             None => ns,
         }
     }
-
-    /// The reconciler settings these timings give (other settings keep their defaults).
-    pub fn reconciler_settings(&self) -> ReconcilerSettings {
-        ReconcilerSettings {
-            member_failure_grace: Duration::from_secs(self.member_failure_grace_seconds),
-            deletion_timeout: Duration::from_secs(self.deletion_timeout_seconds),
-            requeue_converged: Duration::from_secs(self.requeue_converged_seconds),
-            seeder_image: self.seeder_image.clone(),
-            ..ReconcilerSettings::default()
-        }
-    }
 }
 
 /// One requirement of a label selector.
@@ -693,6 +710,7 @@ fn is_dns_subdomain(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcdcluster::ReconcilerSettings;
     use etcdfleet_api::EtcdClusterSpec;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -741,7 +759,7 @@ logFormat: json
         assert_eq!(c.selector().requirements.len(), 3);
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.leader_election.lease_duration(), Duration::from_secs(30));
-        let s = c.reconciler_settings();
+        let s = ReconcilerSettings::from_config(&c);
         assert_eq!(s.member_failure_grace, Duration::from_secs(300));
         assert_eq!(s.deletion_timeout, Duration::from_secs(900));
         assert_eq!(s.requeue_converged, Duration::from_secs(30));
@@ -882,7 +900,7 @@ data:
             .unwrap();
         assert_eq!(c.seeder_image, "registry.example/etcdfleet:v9");
         assert_eq!(
-            c.reconciler_settings().seeder_image,
+            ReconcilerSettings::from_config(&c).seeder_image,
             "registry.example/etcdfleet:v9"
         );
         assert!(

@@ -1,3 +1,4 @@
+pub mod access;
 pub mod backup;
 pub mod cli;
 pub mod config;
@@ -10,10 +11,12 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;
+pub mod names;
 pub mod pki;
 pub mod render;
 pub mod restore;
 pub mod runner;
+pub mod store;
 pub mod telemetry;
 
 /// Parameters of the controller's non-apply patches: every write names the

@@ -15,8 +15,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::etcdcluster::plan::Plan;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
@@ -80,6 +78,12 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// A planner answer as the `plan` label of the plans counter names it (the
+/// planner's answer implements it, so metrics imports no reconciler).
+pub trait PlanLabel {
+    fn plan_label(&self) -> &'static str;
 }
 
 impl Metrics {
@@ -194,14 +198,8 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub fn observe_plan(&self, plan: &Plan) {
-        let plan = match plan {
-            Plan::Act(step) => step.kind(),
-            Plan::Wait(_) => "Wait",
-            Plan::Hold(_) => "Hold",
-            Plan::Converged => "Converged",
-            Plan::Refuse(_) => "Refuse",
-        };
+    pub fn observe_plan(&self, plan: &impl PlanLabel) {
+        let plan = plan.plan_label();
         self.plans
             .get_or_create(&PlanLabels {
                 plan: plan.to_string(),
@@ -339,7 +337,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcdcluster::plan::Step;
+    use crate::etcdcluster::plan::{Plan, Step};
 
     fn condition(type_: &str, status: &str) -> Condition {
         Condition {

@@ -31,6 +31,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
+pub use crate::names::{CLIENT_PORT, Names, PEER_PORT, scheme, selector_labels, selector_string};
+
 /// Annotation holding the hash of the inputs an object was rendered from.
 pub const INPUTS_HASH: &str = "etcdfleet.dev/inputs-hash";
 /// Annotation on the pod template (and so on every pod made from it) holding
@@ -45,8 +47,6 @@ pub const ADMITTED_IMAGE: &str = "etcdfleet.dev/admitted-image";
 /// Label naming the management-side owner (`<namespace>.<name>`) of a workload object.
 /// Workload objects never carry ownerReferences across clusters.
 pub const OWNER_LABEL: &str = "etcdfleet.dev/owner";
-pub const CLIENT_PORT: u16 = 2379;
-pub const PEER_PORT: u16 = 2380;
 pub const METRICS_PORT: u16 = 2381;
 /// Key of the members ConfigMap with etcd's `--initial-cluster`.
 pub const INITIAL_CLUSTER_KEY: &str = "initial-cluster";
@@ -131,142 +131,6 @@ impl RenderProfile {
             inputs.statefulset_hash()
         }
     }
-}
-
-/// Deterministic names of everything one EtcdCluster owns.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Names {
-    pub cluster: String,
-    pub namespace: String,
-}
-
-impl Names {
-    pub fn new(cluster: &str, namespace: &str) -> Self {
-        Names {
-            cluster: cluster.to_string(),
-            namespace: namespace.to_string(),
-        }
-    }
-    pub fn statefulset(&self) -> String {
-        format!("{}-etcd", self.cluster)
-    }
-    pub fn peer_service(&self) -> String {
-        format!("{}-etcd-peer", self.cluster)
-    }
-    pub fn client_service(&self) -> String {
-        format!("{}-etcd-client", self.cluster)
-    }
-    pub fn members_configmap(&self) -> String {
-        format!("{}-etcd-members", self.cluster)
-    }
-    pub fn pdb(&self) -> String {
-        format!("{}-etcd", self.cluster)
-    }
-    pub fn server_tls_secret(&self) -> String {
-        format!("{}-etcd-server-tls", self.cluster)
-    }
-    pub fn peer_tls_secret(&self) -> String {
-        format!("{}-etcd-peer-tls", self.cluster)
-    }
-    /// Management-cluster Secret with the CA and the controller's client identity.
-    /// Object-store credentials the restore seeder of member 0 reads.
-    pub fn restore_secret(&self) -> String {
-        format!("{}-etcd-restore", self.cluster)
-    }
-    pub fn pki_secret(&self) -> String {
-        format!("{}-etcd-pki", self.cluster)
-    }
-    pub fn pod(&self, ordinal: u32) -> String {
-        format!("{}-etcd-{ordinal}", self.cluster)
-    }
-    pub fn pvc(&self, ordinal: u32) -> String {
-        format!("data-{}", self.pod(ordinal))
-    }
-    /// Ordinal of a pod or member name of this cluster.
-    pub fn ordinal_of(&self, pod_name: &str) -> Option<u32> {
-        pod_name
-            .strip_prefix(&format!("{}-etcd-", self.cluster))
-            .and_then(|s| s.parse().ok())
-    }
-    /// In-cluster DNS name of a member.
-    pub fn member_host(&self, ordinal: u32) -> String {
-        format!(
-            "{}.{}.{}.svc",
-            self.pod(ordinal),
-            self.peer_service(),
-            self.namespace
-        )
-    }
-    /// DNS name of the client Service; every member's server certificate carries it,
-    /// and the controller verifies TLS against it.
-    pub fn client_service_host(&self) -> String {
-        format!("{}.{}.svc", self.client_service(), self.namespace)
-    }
-    pub fn peer_url(&self, ordinal: u32, tls: bool) -> String {
-        format!(
-            "{}://{}:{PEER_PORT}",
-            scheme(tls),
-            self.member_host(ordinal)
-        )
-    }
-    pub fn client_url(&self, ordinal: u32, tls: bool) -> String {
-        format!(
-            "{}://{}:{CLIENT_PORT}",
-            scheme(tls),
-            self.member_host(ordinal)
-        )
-    }
-    /// Ordinal of the member whose peer URL this is.
-    pub fn ordinal_of_peer_url(&self, url: &str) -> Option<u32> {
-        let host = url.split("://").nth(1)?.split(':').next()?;
-        let pod = host.split('.').next()?;
-        if host != format!("{pod}.{}.{}.svc", self.peer_service(), self.namespace) {
-            return None;
-        }
-        self.ordinal_of(pod)
-    }
-    /// SANs of the server/peer certificate shared by all members.
-    pub fn member_dns_names(&self) -> Vec<String> {
-        vec![
-            format!("*.{}.{}.svc", self.peer_service(), self.namespace),
-            format!(
-                "*.{}.{}.svc.cluster.local",
-                self.peer_service(),
-                self.namespace
-            ),
-            self.client_service_host(),
-            format!("{}.cluster.local", self.client_service_host()),
-            "localhost".to_string(),
-        ]
-    }
-}
-
-fn scheme(tls: bool) -> &'static str {
-    if tls { "https" } else { "http" }
-}
-
-/// Labels selecting the pods of one cluster.
-pub fn selector_labels(names: &Names) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("app.kubernetes.io/name".to_string(), "etcd".to_string()),
-        (
-            "app.kubernetes.io/instance".to_string(),
-            names.cluster.clone(),
-        ),
-        (
-            "app.kubernetes.io/managed-by".to_string(),
-            "etcdfleet".to_string(),
-        ),
-    ])
-}
-
-/// `app.kubernetes.io/...=...` selector string for list calls and `/scale`.
-pub fn selector_string(names: &Names) -> String {
-    selector_labels(names)
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 fn hash_of<T: Serialize>(kind: &str, value: &T) -> String {
@@ -716,101 +580,16 @@ fn default_affinity(names: &Names) -> Affinity {
 /// The member StatefulSet. `replicas` is the planner's, not the spec's.
 pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32) -> StatefulSet {
     let names = inputs.names();
-    let mut pod_labels = selector_labels(&names);
-    pod_labels.insert(OWNER_LABEL.to_string(), inputs.owner_label());
-    if let Some(extra) = &inputs.pod.labels {
-        for (k, v) in extra {
-            pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-    }
-    for (k, v) in &profile.extra_pod_labels {
-        pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
-    }
-    let mut mounts = vec![VolumeMount {
-        name: "data".to_string(),
-        mount_path: DATA_MOUNT.to_string(),
-        ..Default::default()
-    }];
-    let mut volumes = vec![];
-    if inputs.tls {
-        for (vol, secret, path) in [
-            ("server-tls", names.server_tls_secret(), SERVER_TLS_MOUNT),
-            ("peer-tls", names.peer_tls_secret(), PEER_TLS_MOUNT),
-        ] {
-            mounts.push(VolumeMount {
-                name: vol.to_string(),
-                mount_path: path.to_string(),
-                read_only: Some(true),
-                ..Default::default()
-            });
-            volumes.push(Volume {
-                name: vol.to_string(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret),
-                    default_mode: Some(0o400),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
-        }
-    }
-    let probe = |failure_threshold: i32, initial_delay: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some("/health?serializable=true".to_string()),
-            port: IntOrString::Int(METRICS_PORT.into()),
-            scheme: Some("HTTP".to_string()),
-            ..Default::default()
-        }),
-        initial_delay_seconds: Some(initial_delay),
-        period_seconds: Some(10),
-        timeout_seconds: Some(5),
-        failure_threshold: Some(failure_threshold),
-        ..Default::default()
-    };
+    let pod_labels = pod_labels(inputs, profile, &names);
+    let (mounts, mut volumes) = member_volumes(inputs, &names);
     let data_mount = mounts[0].clone();
-    let container = Container {
-        name: "etcd".to_string(),
-        image: Some(inputs.image.clone()),
-        image_pull_policy: Some("IfNotPresent".to_string()),
-        command: Some(vec!["etcd".to_string()]),
-        args: Some(etcd_args(inputs)),
-        env: Some(member_env(&names)),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some("client".into()),
-                container_port: CLIENT_PORT.into(),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("peer".into()),
-                container_port: PEER_PORT.into(),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("metrics".into()),
-                container_port: METRICS_PORT.into(),
-                ..Default::default()
-            },
-        ]),
-        resources: inputs.resources.clone(),
-        volume_mounts: Some(mounts),
-        startup_probe: Some(probe(24, 5)),
-        liveness_probe: Some(probe(8, 0)),
-        // Ready = etcd's own health check passes in the pod (the member has a
-        // leader, no alarm): the controller's second vantage point, so a
-        // member it cannot reach but the workload cluster sees healthy is a
-        // network problem, never a member to replace.
-        readiness_probe: Some(probe(3, 0)),
-        ..Default::default()
-    };
+    let container = etcd_container(inputs, &names, mounts);
     let init_containers = inputs.restore.as_ref().map(|record| {
         let (containers, volume) = restore_init_containers(inputs, record, &data_mount);
         volumes.push(volume);
         containers
     });
     let overrides = &inputs.pod;
-    let mut storage_request = BTreeMap::new();
-    storage_request.insert("storage".to_string(), Quantity(inputs.storage_size.clone()));
     let hash = profile.statefulset_hash(inputs);
     StatefulSet {
         metadata: meta(inputs, names.statefulset(), hash.clone()),
@@ -859,23 +638,139 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
                     ..Default::default()
                 }),
             },
-            volume_claim_templates: Some(vec![PersistentVolumeClaim {
-                metadata: ObjectMeta {
-                    name: Some("data".to_string()),
-                    labels: Some(selector_labels(&names)),
-                    ..Default::default()
-                },
-                spec: Some(PersistentVolumeClaimSpec {
-                    access_modes: Some(vec!["ReadWriteOnce".to_string()]),
-                    storage_class_name: inputs.storage_class.clone(),
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(storage_request),
-                        ..Default::default()
-                    }),
+            volume_claim_templates: Some(vec![data_claim_template(inputs, &names)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The member pods' labels: the selector, the owner, then the spec's and the
+/// profile's extra labels (never overriding those).
+fn pod_labels(
+    inputs: &RenderInputs,
+    profile: &RenderProfile,
+    names: &Names,
+) -> BTreeMap<String, String> {
+    let mut pod_labels = selector_labels(names);
+    pod_labels.insert(OWNER_LABEL.to_string(), inputs.owner_label());
+    if let Some(extra) = &inputs.pod.labels {
+        for (k, v) in extra {
+            pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    for (k, v) in &profile.extra_pod_labels {
+        pod_labels.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    pod_labels
+}
+
+/// The etcd container's mounts (data first) and the pod's Secret volumes.
+fn member_volumes(inputs: &RenderInputs, names: &Names) -> (Vec<VolumeMount>, Vec<Volume>) {
+    let mut mounts = vec![VolumeMount {
+        name: "data".to_string(),
+        mount_path: DATA_MOUNT.to_string(),
+        ..Default::default()
+    }];
+    let mut volumes = vec![];
+    if inputs.tls {
+        for (vol, secret, path) in [
+            ("server-tls", names.server_tls_secret(), SERVER_TLS_MOUNT),
+            ("peer-tls", names.peer_tls_secret(), PEER_TLS_MOUNT),
+        ] {
+            mounts.push(VolumeMount {
+                name: vol.to_string(),
+                mount_path: path.to_string(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+            volumes.push(Volume {
+                name: vol.to_string(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret),
+                    default_mode: Some(0o400),
                     ..Default::default()
                 }),
                 ..Default::default()
-            }]),
+            });
+        }
+    }
+    (mounts, volumes)
+}
+
+/// etcd's own health check (serializable: answered by the member itself).
+fn etcd_probe(failure_threshold: i32, initial_delay: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/health?serializable=true".to_string()),
+            port: IntOrString::Int(METRICS_PORT.into()),
+            scheme: Some("HTTP".to_string()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(initial_delay),
+        period_seconds: Some(10),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(failure_threshold),
+        ..Default::default()
+    }
+}
+
+/// The etcd container.
+fn etcd_container(inputs: &RenderInputs, names: &Names, mounts: Vec<VolumeMount>) -> Container {
+    Container {
+        name: "etcd".to_string(),
+        image: Some(inputs.image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        command: Some(vec!["etcd".to_string()]),
+        args: Some(etcd_args(inputs)),
+        env: Some(member_env(names)),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("client".into()),
+                container_port: CLIENT_PORT.into(),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("peer".into()),
+                container_port: PEER_PORT.into(),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: METRICS_PORT.into(),
+                ..Default::default()
+            },
+        ]),
+        resources: inputs.resources.clone(),
+        volume_mounts: Some(mounts),
+        startup_probe: Some(etcd_probe(24, 5)),
+        liveness_probe: Some(etcd_probe(8, 0)),
+        // Ready = etcd's own health check passes in the pod (the member has a
+        // leader, no alarm): the controller's second vantage point, so a
+        // member it cannot reach but the workload cluster sees healthy is a
+        // network problem, never a member to replace.
+        readiness_probe: Some(etcd_probe(3, 0)),
+        ..Default::default()
+    }
+}
+
+/// The claim template of the members' data volumes.
+fn data_claim_template(inputs: &RenderInputs, names: &Names) -> PersistentVolumeClaim {
+    let mut storage_request = BTreeMap::new();
+    storage_request.insert("storage".to_string(), Quantity(inputs.storage_size.clone()));
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".to_string()),
+            labels: Some(selector_labels(names)),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_string()]),
+            storage_class_name: inputs.storage_class.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(storage_request),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         ..Default::default()

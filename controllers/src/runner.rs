@@ -27,7 +27,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::ControllerConfig;
 use crate::connector::{ConnectorSettings, KubeconfigClientFactory, WorkloadClusterConnector};
-use crate::etcdcluster::{self, Context};
+use crate::etcdcluster::{self, Context, ReconcilerSettings};
 use crate::http::{Health, serve_http};
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
@@ -229,6 +229,16 @@ async fn reach_api_server(
 
 /// Runs the controller until shutdown; the process's exit code.
 pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
+    match run_until_stopped(config, source).await {
+        Ok(code) | Err(code) => code,
+    }
+}
+
+/// The phases of a run; `Err` is an exit before the controller ran.
+async fn run_until_stopped(
+    config: ControllerConfig,
+    source: ClientSource,
+) -> Result<ExitCode, ExitCode> {
     // Every TLS client of the process (management, workload, etcd) uses ring;
     // an error only means a provider was installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -254,33 +264,13 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
         Ok(l) => l,
         Err(e) => {
             error!(address = %config.metrics_address, error = %e, "cannot listen");
-            return ExitCode::from(1);
+            return Err(ExitCode::from(1));
         }
     };
     tokio::spawn(serve_http(listener, metrics.clone(), health.clone()));
     tokio::spawn(return_free_memory());
 
-    // Client configuration may run an exec credential plugin: it races too.
-    let kube_config = match shutdown.race(client_config(&source)).await {
-        None => return stopped("before the client configuration was loaded"),
-        Some(Ok(c)) => c,
-        Some(Err(e)) => {
-            error!(error = %e, "cannot load the management cluster's client configuration");
-            return ExitCode::from(1);
-        }
-    };
-    let server = kube_config
-        .cluster_url
-        .to_string()
-        .trim_end_matches('/')
-        .to_string();
-    let client = match Client::try_from(kube_config) {
-        Ok(c) => c,
-        Err(e) => {
-            error!(api_server = %server, error = %e, "cannot build the management cluster client");
-            return ExitCode::from(1);
-        }
-    };
+    let (client, server) = management_client(&source, &shutdown).await?;
     let apis: Vec<Api<EtcdCluster>> = if config.namespaces.is_empty() {
         vec![Api::all(client.clone())]
     } else {
@@ -291,14 +281,57 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
             .collect()
     };
     if !reach_api_server(&apis, config.label_selector.as_deref(), &server, &shutdown).await {
-        return stopped("before the API server was reached");
+        return Err(stopped("before the API server was reached"));
     }
     // That was the first list of this controller's EtcdClusters, in every
     // watched scope, with its identity: the API, the CRD and the RBAC work.
     health.set_listed();
     info!("first list of EtcdClusters succeeded; ready");
 
-    // Leader election: a standby waits here (ready while it reads the Lease).
+    let elector = lead(&config, &client, &server, &health, &shutdown).await?;
+    let ctx = reconciler_context(&config, client, metrics);
+    let loops = start_controllers(apis, &config, ctx, &server, &shutdown);
+    info!("controller running");
+    Ok(wait_and_drain(loops, &shutdown, &health, grace, elector.as_deref()).await)
+}
+
+/// The management cluster's client and its API server URL. Client
+/// configuration may run an exec credential plugin: it races shutdown too.
+async fn management_client(
+    source: &ClientSource,
+    shutdown: &Shutdown,
+) -> Result<(Client, String), ExitCode> {
+    let kube_config = match shutdown.race(client_config(source)).await {
+        None => return Err(stopped("before the client configuration was loaded")),
+        Some(Ok(c)) => c,
+        Some(Err(e)) => {
+            error!(error = %e, "cannot load the management cluster's client configuration");
+            return Err(ExitCode::from(1));
+        }
+    };
+    let server = kube_config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string();
+    match Client::try_from(kube_config) {
+        Ok(c) => Ok((c, server)),
+        Err(e) => {
+            error!(api_server = %server, error = %e, "cannot build the management cluster client");
+            Err(ExitCode::from(1))
+        }
+    }
+}
+
+/// Leader election: a standby waits here (ready while it reads the Lease);
+/// the leader holds the Lease in the background and exits when it loses it.
+async fn lead(
+    config: &ControllerConfig,
+    client: &Client,
+    server: &str,
+    health: &Arc<Health>,
+    shutdown: &Shutdown,
+) -> Result<Option<Arc<LeaderElector>>, ExitCode> {
     let elector = config.leader_election.enabled.then(|| {
         let observed = health.clone();
         Arc::new(
@@ -318,7 +351,7 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
             .await
             .is_none()
         {
-            return stopped("while waiting for the leader Lease");
+            return Err(stopped("while waiting for the leader Lease"));
         }
         health.set_leader(true);
         tokio::spawn({
@@ -340,7 +373,15 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
             .instrument(span)
         });
     }
+    Ok(elector)
+}
 
+/// The reconcilers' context, with idle clients dropped every minute.
+fn reconciler_context(
+    config: &ControllerConfig,
+    client: Client,
+    metrics: Arc<Metrics>,
+) -> Arc<Context> {
     let connector = WorkloadClusterConnector::new(
         client.clone(),
         Arc::new(KubeconfigClientFactory::default()),
@@ -352,7 +393,7 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
             client.clone(),
             connector,
             config.dialer.build(),
-            config.reconciler_settings(),
+            ReconcilerSettings::from_config(config),
             metrics.clone(),
         )
         .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c))),
@@ -374,7 +415,17 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
             }
         }
     });
+    ctx
+}
 
+/// One EtcdCluster controller per watched scope, and the backup controllers.
+fn start_controllers(
+    apis: Vec<Api<EtcdCluster>>,
+    config: &ControllerConfig,
+    ctx: Arc<Context>,
+    server: &str,
+    shutdown: &Shutdown,
+) -> tokio::task::JoinSet<()> {
     let mut watch_config = watcher::Config::default();
     if let Some(selector) = &config.label_selector {
         watch_config = watch_config.labels(selector);
@@ -387,7 +438,7 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
         let controller = Controller::new(api, watch_config.clone())
             .with_config(controller_config.clone())
             .graceful_shutdown_on(shutdown.wait());
-        let server = server.clone();
+        let server = server.to_string();
         loops.spawn(
             controller
                 .run(
@@ -414,8 +465,18 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
             crate::backup::run(ctx, &namespaces, stop).await;
         });
     }
-    info!("controller running");
+    loops
+}
 
+/// Waits for shutdown (or a loop that died), lets in-flight reconciles
+/// finish within the grace period, and hands the Lease over.
+async fn wait_and_drain(
+    mut loops: tokio::task::JoinSet<()>,
+    shutdown: &Shutdown,
+    health: &Health,
+    grace: Duration,
+    elector: Option<&LeaderElector>,
+) -> ExitCode {
     // The loops end only on shutdown; one ending earlier is a dead controller.
     let mut died = false;
     tokio::select! {
@@ -445,7 +506,7 @@ pub async fn run(config: ControllerConfig, source: ClientSource) -> ExitCode {
         );
         loops.abort_all();
     }
-    if let Some(elector) = &elector
+    if let Some(elector) = elector
         && !died
     {
         // Hand over at once rather than after the lease duration.

@@ -20,7 +20,6 @@
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use serde::{Deserialize, Serialize};
 use tracing::level_filters::LevelFilter;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
@@ -29,18 +28,10 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::LogFormat;
+pub use crate::config::TracingConfig;
 
 /// Service name of the exported spans unless `OTEL_SERVICE_NAME` says otherwise.
 pub const SERVICE_NAME: &str = "etcdfleet-controller";
-
-/// The `tracing` section of the controller config.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct TracingConfig {
-    /// OTLP/gRPC endpoint of a collector, e.g. `http://otel-collector:4317`.
-    /// Unset: the standard `OTEL_EXPORTER_OTLP_*` environment decides.
-    pub otlp_endpoint: Option<String>,
-}
 
 /// Where spans go, decided from the config and the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]

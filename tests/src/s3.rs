@@ -147,7 +147,7 @@ pub async fn put_credentials(fleet: &crate::fleet::Fleet) -> Result<()> {
 
 /// [`put_credentials`] into namespace `namespace` through `client`.
 pub async fn put_credentials_in(client: kube::Client, namespace: &str) -> Result<()> {
-    use etcdfleet_controllers::backup::store;
+    use etcdfleet_controllers::store;
     use k8s_openapi::ByteString;
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

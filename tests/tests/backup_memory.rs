@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::ObjectStoreDestination;
 use etcdfleet_controllers::backup::act::stream_to;
-use etcdfleet_controllers::backup::store::Store;
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, MemberClient};
+use etcdfleet_controllers::store::Store;
 use etcdfleet_tests::etcd_harness::{ClusterOptions, EtcdVersion, LocalEtcdCluster, require_etcd};
 
 /// The peak RSS the streaming process may reach, whatever the snapshot size:

@@ -592,20 +592,23 @@ fn stages_own_disjoint_clusters() {
             strings(&generator["files"]),
             ["config.yaml=controller.yaml"]
         );
-        if *stage == "prod" {
-            let replicas: Value =
-                serde_yaml::from_str(&std::fs::read_to_string(dir.join("replicas.yaml")).unwrap())
-                    .unwrap();
-            assert_eq!(replicas["spec"]["replicas"].as_i64(), Some(2));
-            let patches: Vec<&str> = k["patches"]
-                .as_sequence()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p["path"].as_str())
-                .collect();
-            assert!(patches.contains(&"replicas.yaml"), "{patches:?}");
-        }
     }
+    // prod runs 2 replicas.
+    let prod = repo().join("config/stages/prod");
+    let k: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(prod.join("kustomization.yaml")).unwrap())
+            .unwrap();
+    let replicas: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(prod.join("replicas.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(replicas["spec"]["replicas"].as_i64(), Some(2));
+    let patches: Vec<&str> = k["patches"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["path"].as_str())
+        .collect();
+    assert!(patches.contains(&"replicas.yaml"), "{patches:?}");
     // Which tags they pin (a recorded release, promoted in order) is
     // tests/tests/releases.rs.
     assert_eq!(tags.len(), 3, "each stage pins an image tag: {tags:?}");

@@ -18,9 +18,9 @@ use etcdfleet_api::{
     RetentionPolicy,
 };
 use etcdfleet_controllers::backup::schedule::{ScheduleOutcome, reconcile_schedule};
-use etcdfleet_controllers::backup::store::{Credentials, Store};
 use etcdfleet_controllers::backup::{Clock, Context as BackupContext, Outcome, reconcile_backup};
 use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
+use etcdfleet_controllers::store::{Credentials, Store};
 use etcdfleet_tests::driver::TestController;
 use etcdfleet_tests::etcd_harness::{
     AckedWriter, EtcdBinary, EtcdVersion, LocalEtcdCluster, require_etcd, verify_acknowledged,

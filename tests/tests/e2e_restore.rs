@@ -14,7 +14,6 @@ use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::backup::phase;
 use etcdfleet_api::restore::{BootstrapSpec, RESTORE_FAILED, RestoreSource, reason};
 use etcdfleet_api::{EtcdBackup, EtcdBackupSpec, EtcdCluster, ObjectStoreDestination};
-use etcdfleet_controllers::backup::store::{Credentials, Store};
 use etcdfleet_controllers::backup::{
     Context as BackupContext, Outcome as BackupOutcome, reconcile_backup,
 };
@@ -22,6 +21,7 @@ use etcdfleet_controllers::etcd::ClusterClient;
 use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::ReconcilerSettings;
 use etcdfleet_controllers::restore::KEPT_VOLUMES;
+use etcdfleet_controllers::store::{Credentials, Store};
 use etcdfleet_tests::driver::TestController;
 use etcdfleet_tests::driver::fast_settings;
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};

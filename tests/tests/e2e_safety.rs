@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result};
 use etcdfleet_api::EtcdCluster;
 use etcdfleet_api::conditions::{self, AVAILABLE, CONFLICT};
 use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
-use etcdfleet_controllers::etcdcluster::plan::Step;
+use etcdfleet_controllers::etcdcluster::plan::{RemovalCause, Step};
 use etcdfleet_controllers::etcdcluster::{self, Outcome};
 use etcdfleet_tests::driver::{TestController, fast_settings};
 use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
@@ -494,12 +494,40 @@ async fn scale_config_roll_and_replacement_lose_no_acknowledged_write() -> Resul
     }
     assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
 
-    // A wiped member is replaced.
+    // A wiped member is replaced. A follower: the leader still counts the
+    // raft log the wipe removed, so the member cannot rejoin by itself (a
+    // wiped leader's successor could feed it the log again).
+    let before = get(&fleet, "etcd-a").await?.status.unwrap();
+    let wiped = before
+        .members
+        .iter()
+        .find(|m| !m.leader)
+        .cloned()
+        .context("a follower")?;
     fleet
         .runtime("a")
-        .wipe_pvc(WORKLOAD_NS, "data-etcd-a-etcd-2")
+        .wipe_pvc(WORKLOAD_NS, &format!("data-{}", wiped.name))
         .await?;
-    Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
+    let log = Box::pin(converge_all(&fleet, &mut ctl, &["etcd-a"])).await?;
+    assert!(
+        log.steps.iter().any(|(_, s)| matches!(
+            s,
+            Step::RemoveMember {
+                cause: RemovalCause::Failed,
+                ..
+            }
+        )),
+        "the wiped member {} was replaced: {:?}",
+        wiped.name,
+        log.steps
+    );
+    let after = get(&fleet, "etcd-a").await?.status.unwrap();
+    let new_id = after
+        .members
+        .iter()
+        .find(|m| m.name == wiped.name)
+        .and_then(|m| m.id.clone());
+    assert_ne!(wiped.id, new_id, "a replaced member has a new id");
 
     let report = writer.stop().await?;
     let checked = verify_acknowledged(&report, &endpoints, &config, "acked").await?;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::ObjectStoreDestination;
-use etcdfleet_controllers::backup::store::Store;
+use etcdfleet_controllers::store::Store;
 use etcdfleet_controllers::etcd::ClusterClient;
 use etcdfleet_tests::etcd_harness::{
     ClusterOptions, EtcdBinary, EtcdVersion, LocalEtcdCluster, random_u64, require_etcd,

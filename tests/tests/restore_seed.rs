@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail, ensure};
 use etcdfleet_api::ObjectStoreDestination;
 use etcdfleet_api::restore::reason;
-use etcdfleet_controllers::backup::store::Store;
 use etcdfleet_controllers::etcd::ClusterClient;
 use etcdfleet_controllers::restore::seed::{SeedError, SeedOutcome, SeedRequest, seed};
+use etcdfleet_controllers::store::Store;
 use etcdfleet_tests::etcd_harness::{
     ClusterOptions, EtcdBinary, EtcdVersion, LocalEtcdCluster, SeedTarget, require_etcd,
 };

@@ -73,20 +73,19 @@ fn platform_templates_parse_pass_cel_and_resolve() {
             Source::ClusterTemplate(name.into())
         );
         // HA templates keep members on distinct nodes.
-        if replicas > 1 {
-            let anti = r
-                .spec
-                .pod
-                .affinity
-                .as_ref()
-                .and_then(|a| a.pod_anti_affinity.as_ref());
-            assert!(
-                anti.is_some_and(|a| a
+        let anti = r
+            .spec
+            .pod
+            .affinity
+            .as_ref()
+            .and_then(|a| a.pod_anti_affinity.as_ref());
+        assert!(
+            replicas == 1
+                || anti.is_some_and(|a| a
                     .required_during_scheduling_ignored_during_execution
                     .is_some()),
-                "{name}: required pod anti-affinity"
-            );
-        }
+            "{name}: required pod anti-affinity"
+        );
         // What the controller would write into the minimal cluster.
         let m = materialize(&spec, &r);
         assert_eq!(m.replicas, Some(replicas));

@@ -1,4 +1,4 @@
-//! Act step of a backup: reach etcd the way the cluster reconciler does,
+//! Act step of a backup: reach etcd the way every reconciler does (`access`),
 //! stream a snapshot from the chosen member straight into a multipart upload,
 //! read the object back to verify size and SHA-256, then store the metadata
 //! object. Memory stays bounded by the upload's part buffers.
@@ -12,10 +12,11 @@ use kube::{Resource, ResourceExt};
 
 use super::Context;
 use super::plan::{SnapshotSource, choose_source};
-use super::store::{Store, StoreError, read_credentials};
+use crate::access::{AccessError, reach_etcd};
 use crate::connector::{ConnectError, KubeconfigLocation};
 use crate::etcd::{EtcdError, MemberClient};
-use crate::etcdcluster::{self, observe, resolve, status::Report};
+use crate::render::Names;
+use crate::store::{Store, StoreError, read_credentials};
 
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +30,7 @@ pub enum BackupError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
     #[error("{0}")]
-    Cluster(#[from] etcdcluster::Error),
+    Access(#[from] AccessError),
     #[error("no healthy voting member to take a snapshot from: {0}")]
     NoHealthyMember(String),
     #[error("metadata: {0}")]
@@ -44,7 +45,7 @@ impl BackupError {
             BackupError::Store(e) => e.reason(),
             BackupError::Etcd(e) => e.reason(),
             BackupError::Connect(e) => e.reason(),
-            BackupError::Cluster(e) => e.reason(),
+            BackupError::Access(e) => e.reason(),
             BackupError::NoHealthyMember(_) => "NoHealthyMember",
             BackupError::Metadata(_) => "MetadataError",
         }
@@ -71,28 +72,25 @@ pub async fn take(
     ctx: &Context,
     now: Timestamp,
 ) -> Result<Taken, BackupError> {
-    let cc = &ctx.cluster;
+    let access = ctx.access();
     let ns = backup.namespace().unwrap_or_default();
     let destination = resolve_destination(
         backup.spec.destination.as_ref(),
         cluster.spec.config.backup.as_ref(),
     )?;
-    let credentials = read_credentials(&cc.management, &ns, &destination).await?;
+    let credentials = read_credentials(&access.management, &ns, &destination).await?;
     let store = Store::open(&destination, credentials.as_ref())?;
 
-    // Reach etcd exactly as the cluster reconciler does (same resolution,
-    // same PKI, same dialer); nothing here writes to the cluster.
-    let mut report = Report::new(cluster);
-    let resolved = resolve::resolve_cluster(cluster, cc, &mut report)
-        .await?
+    // Reach etcd exactly as the cluster reconciler does (same PKI, same
+    // dialer, same pooled connections); nothing here writes to the cluster.
+    let (names, tls) = members_of(cluster)
         .ok_or_else(|| BackupError::NoHealthyMember("template resolution failed".into()))?;
     let location = KubeconfigLocation::of(cluster).ok_or(ConnectError::NoClusterReference)?;
-    let workload = cc.connector.connect(&location).await?;
-    let observed = observe::observe(cluster, &resolved, &workload, cc, &report).await?;
-    let health = observed
-        .health
-        .as_ref()
-        .ok_or_else(|| BackupError::NoHealthyMember("etcd did not answer".into()))?;
+    let workload = access.connector.connect(&location).await?;
+    let reached = reach_etcd(access, cluster, &workload, &names, tls)
+        .await?
+        .map_err(|_| BackupError::NoHealthyMember("etcd did not answer".into()))?;
+    let health = &reached.health;
     let sources: Vec<SnapshotSource> = health
         .members()
         .iter()
@@ -111,9 +109,9 @@ pub async fn take(
         .client_urls
         .first()
         .ok_or_else(|| BackupError::NoHealthyMember("member has no client URL".into()))?;
-    // The observed etcd config carries the cluster's transport (port-forward
-    // or direct), which reaches the member behind its advertised URL.
-    let member = MemberClient::connect(advertised, &observed.etcd_config).await?;
+    // The etcd config carries the cluster's transport (port-forward or
+    // direct), which reaches the member behind its advertised URL.
+    let member = MemberClient::connect(advertised, &reached.config).await?;
     let revision = member.revision().await?;
     let etcd_version = chosen
         .status
@@ -158,6 +156,19 @@ pub async fn take(
         etcd_version,
         member: chosen.member.name.clone(),
     })
+}
+
+/// Where the cluster's members run and whether they speak TLS, as its own
+/// spec resolves (a cluster is backed up only once its template values are
+/// in its spec: see `cluster_not_ready`).
+fn members_of(cluster: &EtcdCluster) -> Option<(Names, bool)> {
+    let mut own = cluster.spec.clone();
+    own.template_ref = None;
+    let resolved = etcdfleet_api::template::resolve(None, None, &own)
+        .ok()?
+        .spec;
+    let names = Names::new(&cluster.name_any(), &resolved.workload_namespace);
+    Some((names, resolved.tls_enabled))
 }
 
 /// Streams a snapshot of `member` into `key`; returns (bytes, hex SHA-256)

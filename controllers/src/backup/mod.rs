@@ -12,101 +12,25 @@
 //! changes membership, so it does not count against quorum guards.
 
 pub mod act;
+pub mod context;
 pub mod plan;
 pub mod schedule;
 pub mod status;
-pub mod store;
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcdfleet_api::backup::phase;
 use etcdfleet_api::conditions::{self, AVAILABLE};
 use etcdfleet_api::{EtcdBackup, EtcdCluster};
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use tracing::warn;
 
-use crate::etcdcluster;
+use crate::access::Access;
+pub use context::{Clock, Context, Error, Result, SharedAccess, system_clock};
 use plan::{BackupObservation, BackupPlan};
-
-/// The time source of the backup reconcilers (tests move it forward).
-pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
-
-/// Wall-clock time.
-pub fn system_clock() -> Clock {
-    Arc::new(Timestamp::now)
-}
-
-/// Everything a backup reconcile needs. The cluster reconciler's context
-/// provides the management client, the workload connector, the etcd dialer,
-/// deadlines, metrics and the event recorder.
-pub struct Context {
-    pub cluster: Arc<etcdcluster::Context>,
-    pub clock: Clock,
-    /// Clusters (`namespace/name`) with a backup streaming in this process.
-    busy_clusters: Mutex<HashSet<String>>,
-}
-
-impl Context {
-    pub fn new(cluster: Arc<etcdcluster::Context>) -> Self {
-        Self::with_clock(cluster, system_clock())
-    }
-
-    pub fn with_clock(cluster: Arc<etcdcluster::Context>, clock: Clock) -> Self {
-        Context {
-            cluster,
-            clock,
-            busy_clusters: Mutex::new(HashSet::new()),
-        }
-    }
-
-    pub fn now(&self) -> Timestamp {
-        (self.clock)()
-    }
-
-    fn is_busy(&self, key: &str) -> bool {
-        self.busy_clusters
-            .lock()
-            .expect("backup lock poisoned")
-            .contains(key)
-    }
-
-    /// Marks a cluster busy until the guard drops; `None` if it already is.
-    fn claim(&self, key: &str) -> Option<BusyGuard<'_>> {
-        let mut busy = self.busy_clusters.lock().expect("backup lock poisoned");
-        busy.insert(key.to_string()).then(|| BusyGuard {
-            ctx: self,
-            key: key.to_string(),
-        })
-    }
-}
-
-struct BusyGuard<'a> {
-    ctx: &'a Context,
-    key: String,
-}
-
-impl Drop for BusyGuard<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut busy) = self.ctx.busy_clusters.lock() {
-            busy.remove(&self.key);
-        }
-    }
-}
-
-/// Failures of a reconcile itself (a failed backup attempt is not one: it
-/// is recorded in the backup's status and retried with backoff).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("management API: {0}")]
-    ManagementApi(#[source] kube::Error),
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What one backup reconcile did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +44,7 @@ pub enum Outcome {
 /// A running backup whose start is older than this was left by a controller
 /// that stopped mid-stream: it no longer blocks others and is retried.
 fn stale_after(ctx: &Context) -> Duration {
-    ctx.cluster.settings.etcd_deadlines.snapshot + Duration::from_secs(120)
+    ctx.access().etcd_deadlines.snapshot + Duration::from_secs(120)
 }
 
 /// Why `cluster` cannot be backed up now, if it cannot.
@@ -133,7 +57,7 @@ pub fn cluster_not_ready(cluster: Option<&EtcdCluster>, name: &str) -> Option<St
         && (status.and_then(|s| s.template.as_ref()).is_none()
             || cluster
                 .annotations()
-                .contains_key(etcdcluster::resolve::REBASE_ANNOTATION))
+                .contains_key(etcdfleet_api::template::REBASE_ANNOTATION))
     {
         return Some(format!(
             "EtcdCluster {name} has not resolved its template yet"
@@ -171,16 +95,15 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
     ) {
         return Ok(Outcome::Done);
     }
-    let mgmt = &ctx.cluster.management;
+    let mgmt = &ctx.access().management;
 
     // observe
     let cluster = Api::<EtcdCluster>::namespaced(mgmt.clone(), &ns)
         .get_opt(cluster_name)
         .await
         .map_err(Error::ManagementApi)?;
-    if let Some(owns) = &ctx.cluster.owner_filter
-        && let Some(c) = &cluster
-        && !owns(c)
+    if let Some(c) = &cluster
+        && !ctx.access().owns(c)
     {
         return Ok(Outcome::Waiting {
             why: "the cluster is not owned by this controller".into(),
@@ -242,7 +165,7 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
             // report
             match result {
                 Ok(taken) => {
-                    ctx.cluster.metrics.observe_backup_success(
+                    ctx.access().metrics.observe_backup_success(
                         &cluster_key,
                         taken.size_bytes,
                         started.elapsed(),
@@ -253,7 +176,7 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
                     Ok(Outcome::Succeeded { object_key: key })
                 }
                 Err(e) => {
-                    ctx.cluster
+                    ctx.access()
                         .metrics
                         .observe_backup_failure(&cluster_key, e.reason());
                     status::attempt_failed(backup, &cluster, ctx, attempt, &e).await?;
@@ -271,8 +194,9 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
 /// or the given ones) until `shutdown()` resolves. Owner filtering follows
 /// the cluster reconciler's: a backup of a cluster another controller owns
 /// is left alone.
-pub async fn run<F, Fut>(cluster_ctx: Arc<etcdcluster::Context>, namespaces: &[String], shutdown: F)
+pub async fn run<C, F, Fut>(cluster_ctx: Arc<C>, namespaces: &[String], shutdown: F)
 where
+    C: AsRef<Access> + Send + Sync + 'static,
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
@@ -281,7 +205,7 @@ where
     use kube::runtime::{Controller, watcher};
 
     let ctx = Arc::new(Context::new(cluster_ctx));
-    let client = ctx.cluster.management.clone();
+    let client = ctx.access().management.clone();
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
         vec![None]
     } else {

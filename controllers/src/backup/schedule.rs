@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcdfleet_api::backup::{
-    BackupConfigError, BackupRecord, CLUSTER_LABEL, Retention, SCHEDULE_LABEL,
+    BackupConfigError, BackupRecord, CLUSTER_LABEL, CronSchedule, Retention, SCHEDULE_LABEL,
     SCHEDULED_TIME_ANNOTATION, condition, due_run, metadata_key, next_run, parse_schedule, phase,
     resolve_destination, scheduled_backup_name, select_for_pruning,
 };
 use etcdfleet_api::conditions::{self as conds, set_condition};
 use etcdfleet_api::{
-    EtcdBackup, EtcdBackupSchedule, EtcdBackupScheduleStatus, EtcdBackupSpec, EtcdCluster,
+    BackupSpec, EtcdBackup, EtcdBackupSchedule, EtcdBackupScheduleStatus, EtcdBackupSpec,
+    EtcdCluster, ObjectStoreDestination,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -24,8 +25,8 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
-use super::store::{Store, read_credentials};
 use super::{Context, Error, Result};
+use crate::store::{Store, read_credentials};
 
 /// What the schedule planner needs to know.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,7 +113,7 @@ pub async fn reconcile_schedule(
 ) -> Result<ScheduleOutcome> {
     let ns = schedule.namespace().unwrap_or_default();
     let name = schedule.name_any();
-    let mgmt = &ctx.cluster.management;
+    let mgmt = &ctx.access().management;
     let now = ctx.now();
     let old = schedule.status.clone().unwrap_or_default();
     let mut status = old.clone();
@@ -123,28 +124,15 @@ pub async fn reconcile_schedule(
         .get_opt(&schedule.spec.cluster_name)
         .await
         .map_err(Error::ManagementApi)?;
-    if let Some(owns) = &ctx.cluster.owner_filter
-        && let Some(c) = &cluster
-        && !owns(c)
+    if let Some(c) = &cluster
+        && !ctx.access().owns(c)
     {
         return Ok(ScheduleOutcome::Invalid(
             "not owned by this controller".into(),
         ));
     }
     let defaults = cluster.as_ref().and_then(|c| c.spec.config.backup.as_ref());
-    let resolved = (|| {
-        let text = schedule
-            .spec
-            .schedule
-            .clone()
-            .or_else(|| defaults.and_then(|d| d.schedule.clone()))
-            .ok_or(BackupConfigError::NoSchedule)?;
-        let cron = parse_schedule(&text)?;
-        let retention = Retention::resolve(schedule.spec.retention.as_ref(), defaults)?;
-        let destination = resolve_destination(schedule.spec.destination.as_ref(), defaults)?;
-        Ok::<_, BackupConfigError>((text, cron, retention, destination))
-    })();
-    let (text, cron, retention, destination) = match resolved {
+    let (text, cron, retention, destination) = match resolve_schedule(schedule, defaults) {
         Ok(r) => r,
         Err(e) => {
             let reason = match e {
@@ -172,15 +160,7 @@ pub async fn reconcile_schedule(
 
     // observe: this schedule's backups.
     let api: Api<EtcdBackup> = Api::namespaced(mgmt.clone(), &ns);
-    let mut backups: Vec<EtcdBackup> = api
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::ManagementApi)?
-        .items
-        .into_iter()
-        .filter(|b| b.labels().get(SCHEDULE_LABEL) == Some(&name))
-        .collect();
-    backups.sort_by_key(record_time);
+    let backups = scheduled_backups(&api, &name).await?;
     let records: Vec<BackupRecord> = backups
         .iter()
         .map(|b| BackupRecord {
@@ -191,30 +171,7 @@ pub async fn reconcile_schedule(
         .collect();
     let by_name: BTreeMap<String, &EtcdBackup> =
         backups.iter().map(|b| (b.name_any(), b)).collect();
-    for b in backups.iter().rev() {
-        let s = b.status.as_ref();
-        match s.and_then(|s| s.phase.as_deref()) {
-            Some(phase::SUCCEEDED)
-                if status.last_success_time.as_ref().is_none_or(|t| {
-                    s.and_then(|s| s.completed_at.as_ref())
-                        .is_some_and(|c| c.0 > t.0)
-                }) =>
-            {
-                status.last_successful_backup = Some(b.name_any());
-                status.last_success_time = s.and_then(|s| s.completed_at.clone());
-            }
-            Some(phase::FAILED)
-                if status.last_failure_time.as_ref().is_none_or(|t| {
-                    s.and_then(|s| s.completed_at.as_ref())
-                        .is_some_and(|c| c.0 > t.0)
-                }) =>
-            {
-                status.last_failed_backup = Some(b.name_any());
-                status.last_failure_time = s.and_then(|s| s.completed_at.clone());
-            }
-            _ => {}
-        }
-    }
+    record_last_outcomes(&backups, &mut status);
     let since = old
         .last_schedule_time
         .as_ref()
@@ -239,40 +196,7 @@ pub async fn reconcile_schedule(
     // plan → act
     let outcome = match plan_schedule(&observation) {
         SchedulePlan::Create(at) => {
-            let backup_name = scheduled_backup_name(&name, at);
-            let backup = EtcdBackup {
-                metadata: ObjectMeta {
-                    name: Some(backup_name.clone()),
-                    namespace: Some(ns.clone()),
-                    labels: Some(
-                        [
-                            (SCHEDULE_LABEL.to_string(), name.clone()),
-                            (
-                                CLUSTER_LABEL.to_string(),
-                                schedule.spec.cluster_name.clone(),
-                            ),
-                        ]
-                        .into(),
-                    ),
-                    annotations: Some(
-                        [(SCHEDULED_TIME_ANNOTATION.to_string(), at.to_string())].into(),
-                    ),
-                    ..ObjectMeta::default()
-                },
-                // The destination resolved now: the backup stays where it
-                // went even if the cluster's defaults change later.
-                spec: EtcdBackupSpec {
-                    cluster_name: schedule.spec.cluster_name.clone(),
-                    destination: Some(destination.clone()),
-                },
-                status: None,
-            };
-            match api.create(&PostParams::default(), &backup).await {
-                // 409: a previous reconcile created it and lost the status write.
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(Error::ManagementApi(e)),
-            }
+            let backup_name = create_backup(&api, schedule, &ns, at, &destination).await?;
             status.last_schedule_time = Some(Time(at));
             ScheduleOutcome::Created(backup_name)
         }
@@ -288,18 +212,145 @@ pub async fn reconcile_schedule(
     };
 
     // report
+    report_scheduled(
+        schedule,
+        &mut status,
+        &cron,
+        &text,
+        &observation,
+        records.len(),
+        now,
+    );
+    write(ctx, schedule, &old, &status).await?;
+    Ok(outcome)
+}
+
+/// The schedule's fields, else the cluster's `spec.backup`.
+fn resolve_schedule(
+    schedule: &EtcdBackupSchedule,
+    defaults: Option<&BackupSpec>,
+) -> Result<(String, CronSchedule, Retention, ObjectStoreDestination), BackupConfigError> {
+    let text = schedule
+        .spec
+        .schedule
+        .clone()
+        .or_else(|| defaults.and_then(|d| d.schedule.clone()))
+        .ok_or(BackupConfigError::NoSchedule)?;
+    let cron = parse_schedule(&text)?;
+    let retention = Retention::resolve(schedule.spec.retention.as_ref(), defaults)?;
+    let destination = resolve_destination(schedule.spec.destination.as_ref(), defaults)?;
+    Ok((text, cron, retention, destination))
+}
+
+/// This schedule's backups, oldest first.
+async fn scheduled_backups(api: &Api<EtcdBackup>, name: &str) -> Result<Vec<EtcdBackup>> {
+    let mut backups: Vec<EtcdBackup> = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::ManagementApi)?
+        .items
+        .into_iter()
+        .filter(|b| b.labels().get(SCHEDULE_LABEL).map(String::as_str) == Some(name))
+        .collect();
+    backups.sort_by_key(record_time);
+    Ok(backups)
+}
+
+/// The newest success and the newest failure among the schedule's backups.
+fn record_last_outcomes(backups: &[EtcdBackup], status: &mut EtcdBackupScheduleStatus) {
+    for b in backups.iter().rev() {
+        let s = b.status.as_ref();
+        match s.and_then(|s| s.phase.as_deref()) {
+            Some(phase::SUCCEEDED)
+                if status.last_success_time.as_ref().is_none_or(|t| {
+                    s.and_then(|s| s.completed_at.as_ref())
+                        .is_some_and(|c| c.0 > t.0)
+                }) =>
+            {
+                status.last_successful_backup = Some(b.name_any());
+                status.last_success_time = s.and_then(|s| s.completed_at.clone());
+            }
+            Some(phase::FAILED)
+                if status.last_failure_time.as_ref().is_none_or(|t| {
+                    s.and_then(|s| s.completed_at.as_ref())
+                        .is_some_and(|c| c.0 > t.0)
+                }) =>
+            {
+                status.last_failed_backup = Some(b.name_any());
+                status.last_failure_time = s.and_then(|s| s.completed_at.clone());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Creates the `EtcdBackup` of the run at `at`; its name.
+async fn create_backup(
+    api: &Api<EtcdBackup>,
+    schedule: &EtcdBackupSchedule,
+    ns: &str,
+    at: Timestamp,
+    destination: &ObjectStoreDestination,
+) -> Result<String> {
+    let name = schedule.name_any();
+    let ns = ns.to_string();
+    let backup_name = scheduled_backup_name(&name, at);
+    let backup = EtcdBackup {
+        metadata: ObjectMeta {
+            name: Some(backup_name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some(
+                [
+                    (SCHEDULE_LABEL.to_string(), name.clone()),
+                    (
+                        CLUSTER_LABEL.to_string(),
+                        schedule.spec.cluster_name.clone(),
+                    ),
+                ]
+                .into(),
+            ),
+            annotations: Some([(SCHEDULED_TIME_ANNOTATION.to_string(), at.to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        // The destination resolved now: the backup stays where it
+        // went even if the cluster's defaults change later.
+        spec: EtcdBackupSpec {
+            cluster_name: schedule.spec.cluster_name.clone(),
+            destination: Some(destination.clone()),
+        },
+        status: None,
+    };
+    match api.create(&PostParams::default(), &backup).await {
+        // 409: a previous reconcile created it and lost the status write.
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(Error::ManagementApi(e)),
+    }
+    Ok(backup_name)
+}
+
+/// The next run and the `Scheduled` condition.
+fn report_scheduled(
+    schedule: &EtcdBackupSchedule,
+    status: &mut EtcdBackupScheduleStatus,
+    cron: &CronSchedule,
+    text: &str,
+    observation: &ScheduleObservation,
+    kept: usize,
+    now: Timestamp,
+) {
     let after = status
         .last_schedule_time
         .as_ref()
         .map(|t| t.0.max(now))
         .unwrap_or(now);
-    status.next_run_time = next_run(&cron, after).map(Time);
+    status.next_run_time = next_run(cron, after).map(Time);
     let message = if observation.suspended {
         "suspended: no new backups; retention still prunes".to_string()
     } else {
         format!(
             "{text}; {} backups kept",
-            records.len() - observation.prune.len().min(records.len())
+            kept - observation.prune.len().min(kept)
         )
     };
     set_condition(
@@ -317,8 +368,6 @@ pub async fn reconcile_schedule(
             Time(now),
         ),
     );
-    write(ctx, schedule, &old, &status).await?;
-    Ok(outcome)
 }
 
 /// Removes a backup's snapshot and metadata objects, then the `EtcdBackup`.
@@ -331,7 +380,7 @@ async fn prune(ctx: &Context, ns: &str, backup: &EtcdBackup) -> Result<()> {
         s.and_then(|s| s.object_key.as_ref()),
     ) {
         let removed = async {
-            let credentials = read_credentials(&ctx.cluster.management, ns, destination).await?;
+            let credentials = read_credentials(&ctx.access().management, ns, destination).await?;
             let store = Store::open(destination, credentials.as_ref())?;
             store.delete(key).await?;
             store.delete(&metadata_key(key)).await
@@ -342,7 +391,7 @@ async fn prune(ctx: &Context, ns: &str, backup: &EtcdBackup) -> Result<()> {
             return Ok(());
         }
     }
-    let api: Api<EtcdBackup> = Api::namespaced(ctx.cluster.management.clone(), ns);
+    let api: Api<EtcdBackup> = Api::namespaced(ctx.access().management.clone(), ns);
     // Delete exactly the EtcdBackup whose objects were just removed: a
     // same-named backup created since (a schedule retrying its name) has
     // another UID and is left alone (409 from the precondition).
@@ -370,7 +419,7 @@ async fn write(
         return Ok(());
     }
     let api: Api<EtcdBackupSchedule> = Api::namespaced(
-        ctx.cluster.management.clone(),
+        ctx.access().management.clone(),
         &schedule.namespace().unwrap_or_default(),
     );
     let mut patch = serde_json::to_value(new).unwrap_or_default();

@@ -32,7 +32,7 @@ async fn write(ctx: &Context, backup: &EtcdBackup, new: &EtcdBackupStatus) -> Re
         patch.entry(key.clone()).or_insert(Value::Null);
     }
     let api: Api<EtcdBackup> = Api::namespaced(
-        ctx.cluster.management.clone(),
+        ctx.access().management.clone(),
         &backup.namespace().unwrap_or_default(),
     );
     api.patch_status(
@@ -142,14 +142,14 @@ pub async fn succeeded(
     );
     s.conditions.retain(|c| c.type_ != condition::FAILED);
     write(ctx, backup, &s).await?;
-    crate::etcdcluster::publish(
-        &ctx.cluster,
-        cluster,
-        EventType::Normal,
-        "BackupSucceeded",
-        &format!("{}: {message}", backup.name_any()),
-    )
-    .await;
+    ctx.access()
+        .publish(
+            cluster,
+            EventType::Normal,
+            "BackupSucceeded",
+            &format!("{}: {message}", backup.name_any()),
+        )
+        .await;
     Ok(())
 }
 
@@ -203,13 +203,13 @@ pub async fn attempt_failed(
         ),
     );
     write(ctx, backup, &s).await?;
-    crate::etcdcluster::publish(
-        &ctx.cluster,
-        cluster,
-        EventType::Warning,
-        "BackupFailed",
-        &format!("{}: {message}", backup.name_any()),
-    )
-    .await;
+    ctx.access()
+        .publish(
+            cluster,
+            EventType::Warning,
+            "BackupFailed",
+            &format!("{}: {message}", backup.name_any()),
+        )
+        .await;
     Ok(())
 }

@@ -226,8 +226,8 @@ struct SeedArgs {
 }
 
 fn restore_seed(args: &SeedArgs) -> ExitCode {
-    use etcdfleet_controllers::backup::store::Credentials;
     use etcdfleet_controllers::restore::seed::{self, SeedRequest};
+    use etcdfleet_controllers::store::Credentials;
     let destination = match serde_json::from_str(&args.destination) {
         Ok(d) => d,
         Err(e) => {

@@ -24,12 +24,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::BoxFuture;
 use http::Uri;
-use serde::{Deserialize, Serialize};
 
 mod tunnel;
 
 pub use tunnel::Tunnel;
 
+pub use crate::config::DialerKind;
 use crate::connector::WorkloadCluster;
 use crate::etcd::{EtcdStream, Transport};
 
@@ -54,33 +54,12 @@ pub fn transport(dialer: Arc<dyn EtcdDialer>, workload: &WorkloadCluster) -> Tra
     Transport::new(label, move |uri: Uri| dialer.dial(&workload, &uri))
 }
 
-/// Which dialer the controller uses (`dialer:` in the controller config).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum DialerKind {
-    Direct,
-    #[default]
-    PortForward,
-}
-
+/// The dialer a [`DialerKind`] names.
 impl DialerKind {
     pub fn build(self) -> Arc<dyn EtcdDialer> {
         match self {
             DialerKind::Direct => Arc::new(DirectDialer),
             DialerKind::PortForward => Arc::new(PortForwardDialer::default()),
-        }
-    }
-}
-
-impl std::str::FromStr for DialerKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "direct" => Ok(DialerKind::Direct),
-            "portForward" => Ok(DialerKind::PortForward),
-            other => Err(format!(
-                "dialer {other:?} is neither direct nor portForward"
-            )),
         }
     }
 }

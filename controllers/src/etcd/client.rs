@@ -18,112 +18,12 @@ use std::sync::atomic::AtomicUsize;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tracing::Instrument;
 
-use super::Member;
 use super::error::EtcdError;
 use super::health::{ClusterHealth, MemberObservation};
-use super::transport::{TlsConfig, Transport, tls_config};
+use super::member::{Alarm, AlarmKind, Member, MemberStatus};
+use super::transport::{EtcdConfig, TlsConfig, tls_config};
 
 pub type Result<T, E = EtcdError> = std::result::Result<T, E>;
-
-/// TLS material to reach etcd's client port: the CA that signed the server
-/// certificates and, for mutual TLS, a client certificate and key. All PEM.
-#[derive(Clone, PartialEq, Eq)]
-pub struct TlsMaterial {
-    pub ca_pem: String,
-    pub client_cert_pem: Option<String>,
-    pub client_key_pem: Option<String>,
-    /// Name to verify the server certificate against, when the endpoint host
-    /// is not one of its SANs (e.g. reached through a port-forward).
-    pub server_name: Option<String>,
-}
-
-impl std::fmt::Debug for TlsMaterial {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsMaterial")
-            .field("client_cert", &self.client_cert_pem.is_some())
-            .field("server_name", &self.server_name)
-            .finish_non_exhaustive()
-    }
-}
-
-/// How long each kind of call may take, retries included.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadlines {
-    /// Establishing a connection (TCP + TLS).
-    pub connect: Duration,
-    /// One ordinary RPC (member list, status, alarms, remove, move-leader).
-    pub request: Duration,
-    /// The linearizable read that decides whether a member is healthy.
-    pub health: Duration,
-    /// A membership change, including retries on "unhealthy cluster" (etcd's
-    /// strict reconfiguration check refuses for ~5 s after a member starts).
-    pub reconfigure: Duration,
-    /// Promoting a learner, including retries until it has caught up.
-    pub promote: Duration,
-    /// Defragmenting one member (blocks that member; grows with db size).
-    pub defragment: Duration,
-    /// Streaming a whole snapshot.
-    pub snapshot: Duration,
-}
-
-impl Default for Deadlines {
-    fn default() -> Self {
-        Deadlines {
-            connect: Duration::from_secs(5),
-            request: Duration::from_secs(5),
-            health: Duration::from_secs(3),
-            reconfigure: Duration::from_secs(30),
-            promote: Duration::from_secs(60),
-            defragment: Duration::from_secs(120),
-            snapshot: Duration::from_secs(600),
-        }
-    }
-}
-
-/// How to reach the members of one etcd cluster.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EtcdConfig {
-    pub tls: Option<TlsMaterial>,
-    pub deadlines: Deadlines,
-    /// What carries the bytes to a member; `None` is plain TCP to the URL.
-    pub transport: Option<Transport>,
-}
-
-/// What `Status` says about one member.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberStatus {
-    /// Id of the member that answered.
-    pub member_id: u64,
-    pub version: String,
-    /// Id of the leader as this member sees it; 0 when it knows none.
-    pub leader: u64,
-    pub raft_index: u64,
-    pub raft_term: u64,
-    pub raft_applied_index: u64,
-    pub db_size: i64,
-    pub db_size_in_use: i64,
-    pub is_learner: bool,
-    pub errors: Vec<String>,
-}
-
-impl MemberStatus {
-    pub fn is_leader(&self) -> bool {
-        self.leader != 0 && self.leader == self.member_id
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AlarmKind {
-    NoSpace,
-    Corrupt,
-}
-
-/// An alarm raised on one member.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Alarm {
-    pub member_id: u64,
-    pub kind: AlarmKind,
-}
 
 /// The answer to a successful `member add`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -993,6 +893,7 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd::Deadlines;
 
     #[tokio::test]
     async fn connect_is_lazy_so_health_comes_from_an_rpc_with_a_deadline() {

@@ -17,8 +17,7 @@
 
 use std::fmt;
 
-use super::Member;
-use super::client::MemberStatus;
+use super::member::{Member, MemberStatus};
 
 /// Quorum (majority) of `voters` voting members.
 pub const fn quorum(voters: usize) -> usize {

@@ -14,7 +14,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::client::{ClusterClient, EtcdConfig, Result};
+use super::client::{ClusterClient, Result};
+use super::transport::EtcdConfig;
 
 /// Bounds of the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,6 @@
-//! How bytes reach an etcd member: a [`Transport`] opens one byte stream to
+//! How a client reaches an etcd cluster's members: what it needs
+//! ([`EtcdConfig`]: TLS material, deadlines, the transport), and how bytes
+//! reach a member: a [`Transport`] opens one byte stream to
 //! the member behind a client URL (a TCP socket, a port-forward tunnel, ...),
 //! and [`channel`] runs gRPC over it with TLS on top, so TLS is verified end
 //! to end whatever carries the bytes. The URL names the member; where the
@@ -23,8 +25,71 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::transport::Endpoint;
 
-use super::client::{EtcdConfig, TlsMaterial};
 use super::error::EtcdError;
+
+/// TLS material to reach etcd's client port: the CA that signed the server
+/// certificates and, for mutual TLS, a client certificate and key. All PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsMaterial {
+    pub ca_pem: String,
+    pub client_cert_pem: Option<String>,
+    pub client_key_pem: Option<String>,
+    /// Name to verify the server certificate against, when the endpoint host
+    /// is not one of its SANs (e.g. reached through a port-forward).
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsMaterial")
+            .field("client_cert", &self.client_cert_pem.is_some())
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long each kind of call may take, retries included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Establishing a connection (TCP + TLS).
+    pub connect: Duration,
+    /// One ordinary RPC (member list, status, alarms, remove, move-leader).
+    pub request: Duration,
+    /// The linearizable read that decides whether a member is healthy.
+    pub health: Duration,
+    /// A membership change, including retries on "unhealthy cluster" (etcd's
+    /// strict reconfiguration check refuses for ~5 s after a member starts).
+    pub reconfigure: Duration,
+    /// Promoting a learner, including retries until it has caught up.
+    pub promote: Duration,
+    /// Defragmenting one member (blocks that member; grows with db size).
+    pub defragment: Duration,
+    /// Streaming a whole snapshot.
+    pub snapshot: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            connect: Duration::from_secs(5),
+            request: Duration::from_secs(5),
+            health: Duration::from_secs(3),
+            reconfigure: Duration::from_secs(30),
+            promote: Duration::from_secs(60),
+            defragment: Duration::from_secs(120),
+            snapshot: Duration::from_secs(600),
+        }
+    }
+}
+
+/// How to reach the members of one etcd cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdConfig {
+    pub tls: Option<TlsMaterial>,
+    pub deadlines: Deadlines,
+    /// What carries the bytes to a member; `None` is plain TCP to the URL.
+    pub transport: Option<Transport>,
+}
 
 /// The client side of TLS to one cluster's members (CA, client certificate,
 /// ALPN `h2`), shared by the channels to all of them.

@@ -17,7 +17,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::observe::Pki;
+use crate::access::Pki;
 use crate::render::RenderInputs;
 
 /// Most clusters remembered; beyond it the memo starts over (a bound, not

@@ -22,9 +22,7 @@ use super::status::Report;
 use super::{Context, Error, Result};
 use crate::render::RenderInputs;
 
-/// Annotation that asks the controller to move a cluster onto the current
-/// revision of its template. Removed by the controller once done.
-pub const REBASE_ANNOTATION: &str = "etcdfleet.dev/rebase-template";
+pub use etcdfleet_api::template::REBASE_ANNOTATION;
 /// Annotation holding the template values last written into the spec (JSON),
 /// so a rebase can tell a user's edit from a template default.
 pub const MATERIALIZED_ANNOTATION: &str = "etcdfleet.dev/materialized-values";

@@ -19,14 +19,13 @@ use etcdfleet_api::{
 use kube::api::{Api, Patch};
 use kube::{Resource, ResourceExt};
 
-use super::observe::Observed;
 use super::plan::{
     EtcdObservation, Observation, QUORUM_LOSS_HELP, QuorumView, Refusal, Step, quorum_view,
 };
 use super::{Context, Error, Result, now};
 use crate::connector::ConnectError;
 use crate::etcd::{AlarmKind, ClusterHealth};
-use crate::render;
+use crate::render::{self, Names};
 
 /// The status being built during one reconcile.
 pub struct Report {
@@ -304,24 +303,49 @@ impl Report {
             .collect()
     }
 
-    pub fn observed(&mut self, observed: &Observed) {
-        let names = observed.names();
+    /// What was observed: the members' status, the version they agree on,
+    /// and the Available and Degraded conditions.
+    pub fn observed(&mut self, planner: &Observation) {
+        let names = &planner.names;
         self.new.selector = Some(render::selector_string(names));
-        let Some(health) = &observed.health else {
-            let why = match &observed.planner.etcd {
-                EtcdObservation::Unreachable(w) => w.clone(),
-                EtcdObservation::Observed(_) => String::new(),
-            };
-            self.new.ready_members = 0;
-            self.set(
-                DEGRADED,
-                true,
-                "NoMemberAnswers",
-                format!("no etcd member answers: {why}"),
-            );
-            self.quorum(&observed.planner, Some(&why));
-            return;
+        let health = match &planner.etcd {
+            EtcdObservation::Observed(health) => health,
+            EtcdObservation::Unreachable(why) => return self.no_member_answers(planner, why),
         };
+        let members = self.member_statuses(health, names);
+        self.new.replicas = health.voter_count() as i32;
+        self.new.ready_members = health.healthy_voter_count() as i32;
+        // The version is what etcd reports once every member runs the same one;
+        // while they differ (an upgrade in flight) the last agreed version stays.
+        let versions: BTreeSet<_> = members.iter().map(|m| m.version.clone()).collect();
+        if versions.len() == 1
+            && let Some(Some(v)) = versions.into_iter().next()
+        {
+            self.new.current_version = Some(v);
+        }
+        let unhealthy: Vec<String> = members
+            .iter()
+            .filter(|m| !m.healthy)
+            .map(|m| m.name.clone())
+            .collect();
+        self.new.members = members;
+        self.alarms_and_health(planner, unhealthy);
+    }
+
+    fn no_member_answers(&mut self, planner: &Observation, why: &str) {
+        self.new.ready_members = 0;
+        self.set(
+            DEGRADED,
+            true,
+            "NoMemberAnswers",
+            format!("no etcd member answers: {why}"),
+        );
+        self.quorum(planner, Some(why));
+    }
+
+    /// `status.members`, sorted by name; a member's failure grace starts at
+    /// its first unhealthy observation and is kept from the stored status.
+    fn member_statuses(&self, health: &ClusterHealth, names: &Names) -> Vec<MemberStatus> {
         let leader = health.leader();
         let mut members = Vec::new();
         for m in health.members() {
@@ -364,25 +388,14 @@ impl Report {
             });
         }
         members.sort_by(|a, b| a.name.cmp(&b.name));
-        self.new.replicas = health.voter_count() as i32;
-        self.new.ready_members = health.healthy_voter_count() as i32;
-        // The version is what etcd reports once every member runs the same one;
-        // while they differ (an upgrade in flight) the last agreed version stays.
-        let versions: BTreeSet<_> = members.iter().map(|m| m.version.clone()).collect();
-        if versions.len() == 1
-            && let Some(Some(v)) = versions.into_iter().next()
-        {
-            self.new.current_version = Some(v);
-        }
-        let unhealthy: Vec<String> = members
-            .iter()
-            .filter(|m| !m.healthy)
-            .map(|m| m.name.clone())
-            .collect();
-        self.new.members = members;
+        members
+    }
+
+    /// Available (NOSPACE, else quorum) and Degraded (alarms, else the
+    /// unhealthy members), once `self.new.members` is set.
+    fn alarms_and_health(&mut self, planner: &Observation, unhealthy: Vec<String>) {
         let alarmed = |kind: AlarmKind| -> Vec<String> {
-            observed
-                .planner
+            planner
                 .alarms
                 .iter()
                 .filter(|a| a.kind == kind)
@@ -407,7 +420,7 @@ impl Report {
                 ),
             );
         } else {
-            self.quorum(&observed.planner, None);
+            self.quorum(planner, None);
         }
         if !corrupt.is_empty() || !nospace.is_empty() {
             let (reason, who) = if corrupt.is_empty() {

@@ -2,7 +2,8 @@
 //! before its first workload write. Observes (the `EtcdBackup`, the
 //! credentials Secret, the object streamed through SHA-256 in bounded
 //! memory); the judgement is `etcdfleet_api::restore`'s, the decision the
-//! cluster planner's ([`RestoreGate`]).
+//! cluster planner's (its restore gate). Knows no reconciler: it answers
+//! with a verified record or an [`api::Refusal`].
 
 use etcdfleet_api::restore::{self as api, ObjectCheck, RestoreRecord, RestoreSource};
 use etcdfleet_api::{EtcdBackup, EtcdCluster};
@@ -10,8 +11,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use tracing::info;
 
-use crate::backup::store::{Store, StoreError, read_credentials};
-use crate::etcdcluster::plan::{Observation, Refusal, RestoreGate};
+use crate::store::{Store, StoreError, read_credentials};
 use snapshot::SnapshotScanner;
 
 pub mod seed;
@@ -21,25 +21,26 @@ pub mod snapshot;
 pub const KEPT_VOLUMES: &str = "KeptVolumes";
 
 /// Whether the gate applies: the cluster restores and has never been
-/// bootstrapped (no StatefulSet, no voter ever recorded). A cluster that
-/// runs is never held back by its snapshot being pruned later.
-pub fn needed(cluster: &EtcdCluster, obs: &Observation) -> bool {
+/// bootstrapped (`bootstrapped`: a StatefulSet exists or a voter was ever
+/// recorded). A cluster that runs is never held back by its snapshot being
+/// pruned later.
+pub fn needed(cluster: &EtcdCluster, bootstrapped: bool) -> bool {
     let restores = cluster
         .spec
         .bootstrap
         .as_ref()
         .is_some_and(|b| b.restore.is_some());
-    restores && obs.statefulset.is_none() && obs.known_voters == 0
+    restores && !bootstrapped
 }
 
 /// Refuses a restore over member volumes that already exist (PVCs kept
 /// from a deleted cluster of the same name): the snapshot and the old data
 /// are never mixed, and the old data is never wiped by the controller.
-pub fn kept_volumes(pvcs: &[String]) -> Option<RestoreGate> {
+pub fn kept_volumes(pvcs: &[String]) -> Option<api::Refusal> {
     if pvcs.is_empty() {
         return None;
     }
-    Some(RestoreGate::Refused(Refusal {
+    Some(api::Refusal {
         reason: KEPT_VOLUMES,
         message: format!(
             "restore refused before any workload object was written: PVC {} already exists \
@@ -48,7 +49,7 @@ pub fn kept_volumes(pvcs: &[String]) -> Option<RestoreGate> {
              restore under another name or workload namespace",
             pvcs.join(", ")
         ),
-    }))
+    })
 }
 
 /// Resolves the restore source of `cluster` and reads its object back,
@@ -57,25 +58,25 @@ pub fn kept_volumes(pvcs: &[String]) -> Option<RestoreGate> {
 /// corrupt one. A failure to reach the management API is an error
 /// (retried); everything about the snapshot itself is a verdict. A verified
 /// snapshot comes back as the record the seeder is rendered from
-/// (`status.restore`).
+/// (`status.restore`). `None`: the cluster does not restore.
 pub async fn gate(
     management: &kube::Client,
     cluster: &EtcdCluster,
     requested_version: &str,
     default_seeder_image: &str,
-) -> Result<Result<RestoreRecord, RestoreGate>, kube::Error> {
+) -> Result<Option<Result<RestoreRecord, api::Refusal>>, kube::Error> {
     let Some(source) = cluster
         .spec
         .bootstrap
         .as_ref()
         .and_then(|b| b.restore.as_ref())
     else {
-        return Ok(Err(RestoreGate::NotNeeded));
+        return Ok(None);
     };
     let ns = cluster.namespace().unwrap_or_default();
     let resolved = match resolve(management, &ns, source).await? {
         Ok(r) => r,
-        Err(refusal) => return Ok(Err(refused(refusal))),
+        Err(refusal) => return Ok(Some(Err(refused(refusal)))),
     };
     let mut scanner = SnapshotScanner::default();
     let check = match read_object(management, &ns, &resolved, &mut scanner).await {
@@ -85,14 +86,19 @@ pub async fn gate(
         Err(e) => ObjectCheck::Unreadable(e.to_string()),
     };
     if let Err(refusal) = api::judge_object(&resolved, &check) {
-        return Ok(Err(refused(refusal)));
+        return Ok(Some(Err(refused(refusal))));
     }
     let written_by = scanner.finish();
     if let Err(refusal) = api::judge_version(&resolved, &written_by, requested_version) {
-        return Ok(Err(version_refused(refusal)));
+        return Ok(Some(Err(version_refused(refusal))));
     }
     info!(cluster = %cluster.name_any(), object = %resolved.object_key, ?written_by, "restore snapshot verified");
-    Ok(Ok(record(source, resolved, &check, default_seeder_image)))
+    Ok(Some(Ok(record(
+        source,
+        resolved,
+        &check,
+        default_seeder_image,
+    ))))
 }
 
 /// The restore source resolved against its `EtcdBackup`, if it names one.
@@ -160,18 +166,18 @@ async fn read_object(
 /// A snapshot the spec's version may not run: the fix is in the spec
 /// (`spec.version` can change until the cluster is bootstrapped), not in
 /// the backup.
-fn version_refused(r: api::Refusal) -> RestoreGate {
-    RestoreGate::Refused(Refusal {
+fn version_refused(r: api::Refusal) -> api::Refusal {
+    api::Refusal {
         reason: r.reason,
         message: format!(
             "restore refused before any workload object was written: {}",
             r.message
         ),
-    })
+    }
 }
 
-fn refused(r: api::Refusal) -> RestoreGate {
-    RestoreGate::Refused(Refusal {
+fn refused(r: api::Refusal) -> api::Refusal {
+    api::Refusal {
         reason: r.reason,
         message: format!(
             "restore refused before any workload object was written: {}. Fix or replace the \
@@ -179,5 +185,5 @@ fn refused(r: api::Refusal) -> RestoreGate {
              the EtcdCluster to point it elsewhere)",
             r.message
         ),
-    })
+    }
 }

@@ -19,7 +19,7 @@ use etcdfleet_api::restore::{
 };
 use tokio::process::Command;
 
-use crate::backup::store::{Credentials, Store, StoreError};
+use crate::store::{Credentials, Store, StoreError};
 
 /// Environment variables the rendered init container sets from the
 /// destination's Secret (`secretKeyRef`).

@@ -1,4 +1,9 @@
-//! Backup destinations through `object_store`: an S3-compatible bucket or a
+//! Object-store access, shared by backups, restores and the EtcdCluster
+//! reconciler (the restore seeder's credentials): the credentials Secret,
+//! a client for an S3-compatible bucket or a local directory, and streaming
+//! reads and writes with their SHA-256. Knows no reconciler.
+//!
+//! Destinations through `object_store`: an S3-compatible bucket or a
 //! local directory. Uploads stream through a multipart writer holding at most
 //! [`PART_SIZE`] × ([`UPLOAD_CONCURRENCY`] + 1) bytes, whatever the snapshot's
 //! size; reads stream too.

@@ -1,0 +1,68 @@
+//! Act stage: executes the one step the planner chose. Every action is
+//! idempotent: names are deterministic, creates and applies tolerate an
+//! existing object, deletes carry UID and resourceVersion preconditions, and
+//! optimistic-lock patches carry the resourceVersion that was observed.
+//!
+//! [`execute`] hands each step to one function: the workload objects and
+//! bootstrap in `objects`, the management-side PKI in `pki`, the members
+//! (etcd membership, volumes, restarts, maintenance) in `members`; what
+//! every step acts on in `target`; deletion of the whole cluster is
+//! [`finalize`].
+
+mod finalize;
+mod members;
+mod objects;
+mod pki;
+mod target;
+
+use etcdfleet_api::EtcdCluster;
+
+pub use finalize::finalize;
+
+use super::context::{Context, Result};
+use super::observe::Observed;
+use super::plan::Step;
+use super::resolve::Resolved;
+use crate::connector::WorkloadCluster;
+use members::{
+    add_learner, defragment, delete_pvc, delete_stale_storage, move_leader, promote_learner,
+    record_pvc_member, recover_from_nospace, remove_member, restart_member, scale_statefulset,
+};
+use target::Target;
+
+/// Executes one step.
+pub async fn execute(
+    step: &Step,
+    cluster: &EtcdCluster,
+    resolved: &Resolved,
+    observed: &Observed,
+    workload: &WorkloadCluster,
+    ctx: &Context,
+) -> Result<()> {
+    let on = &Target {
+        cluster,
+        inputs: &resolved.inputs,
+        observed,
+        workload,
+        ctx,
+    };
+    match step {
+        Step::WriteObjects(kinds) => objects::write_objects(on, kinds).await,
+        Step::Bootstrap { replicas } => objects::bootstrap(on, *replicas).await,
+        Step::ScaleStatefulSet { replicas } => scale_statefulset(on, *replicas).await,
+        Step::RecordPvcMember {
+            ordinal,
+            member_id,
+            version,
+        } => record_pvc_member(on, *ordinal, *member_id, version.as_deref()).await,
+        Step::DeleteStaleStorage { ordinal } => delete_stale_storage(on, *ordinal).await,
+        Step::AddLearner { ordinal } => add_learner(on, *ordinal).await,
+        Step::PromoteLearner { member_id, .. } => promote_learner(on, *member_id).await,
+        Step::MoveLeader { to, .. } => move_leader(on, *to).await,
+        Step::RemoveMember { member_id, .. } => remove_member(on, *member_id).await,
+        Step::DeletePvc { ordinal } => delete_pvc(on, *ordinal).await,
+        Step::RecoverFromNoSpace => recover_from_nospace(on.inputs, on.observed).await,
+        Step::Defragment { ordinal, .. } => defragment(on, *ordinal).await,
+        Step::RestartMember { ordinal, .. } => restart_member(on, *ordinal).await,
+    }
+}

@@ -1,0 +1,90 @@
+//! What every step acts on, and the two ways the act stage writes: a
+//! server-side apply with this controller's field manager, and a delete of
+//! exactly the object that was observed.
+
+use etcdfleet_api::{EtcdCluster, FIELD_MANAGER};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::super::context::{Context, Error};
+use super::super::observe::Observed;
+use crate::connector::WorkloadCluster;
+use crate::render::{Names, RenderInputs};
+
+/// Certificates are valid this long; rotation is a later feature.
+pub const CERT_VALIDITY_DAYS: u32 = 365;
+
+/// What every step acts on: the cluster, its inputs, what was observed, and
+/// the workload cluster.
+pub struct Target<'a> {
+    pub cluster: &'a EtcdCluster,
+    pub inputs: &'a RenderInputs,
+    pub observed: &'a Observed,
+    pub workload: &'a WorkloadCluster,
+    pub ctx: &'a Context,
+}
+
+impl Target<'_> {
+    pub fn names(&self) -> &Names {
+        self.observed.names()
+    }
+
+    /// The namespaced API of `K` in the workload namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(
+            self.workload.client.clone(),
+            self.inputs.workload_namespace.as_str(),
+        )
+    }
+
+    /// A workload API failure, naming the server.
+    pub fn err(&self, source: kube::Error) -> Error {
+        Error::WorkloadApi {
+            server: self.workload.server.clone(),
+            source,
+        }
+    }
+}
+
+/// Server-side apply with this controller's field manager.
+pub async fn apply<K>(api: &Api<K>, obj: &K) -> kube::Result<K>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let mut value = serde_json::to_value(obj).expect("objects serialize");
+    value["apiVersion"] = K::api_version(&Default::default()).into();
+    value["kind"] = K::kind(&Default::default()).into();
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&value),
+    )
+    .await
+}
+
+/// Deletes exactly the object that was observed (UID and resourceVersion
+/// preconditions); an object already gone is fine.
+pub async fn delete_exact<K>(api: &Api<K>, obj: &K) -> kube::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: obj.meta().uid.clone(),
+            resource_version: obj.meta().resource_version.clone(),
+        }),
+        ..Default::default()
+    };
+    match api.delete(&obj.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,217 @@
+//! Observe stage: a few readers, one per source, each with its own output,
+//! and the planner's observation assembled from them. Read only: nothing
+//! here writes to any API or to etcd.
+//!
+//! - [`pki`]: the management-side CA and client identity ([`pki::PkiReading`]);
+//! - [`objects`]: the workload objects against the render contract
+//!   ([`objects::StaticObjects`], [`objects::StatefulSetReading`]);
+//! - [`volumes`]: the member pods and volumes ([`volumes::PodsAndVolumes`]);
+//! - [`etcd`]: the members, their health and alarms ([`etcd::EtcdReading`]);
+//! - and what the stored status remembers (failure grace, the last step).
+
+pub mod etcd;
+pub mod objects;
+pub mod pki;
+pub mod volumes;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use etcdfleet_api::EtcdCluster;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+
+pub use crate::access::{PKI_CA_CERT, PKI_CA_KEY, PKI_CLIENT_CERT, PKI_CLIENT_KEY, Pki, read_pki};
+pub use volumes::{PVC_MEMBER_ANNOTATION, PVC_OWNER_ANNOTATION, PVC_VERSION_ANNOTATION};
+
+use super::context::{Context, Result, cluster_key};
+use super::plan::{
+    FailedStep, ObjectKind, Observation, READY_POD_GRACE_FACTOR, StatefulSetObservation,
+};
+use super::resolve::Resolved;
+use super::status::Report;
+use crate::access::statefulset_replicas;
+use crate::connector::WorkloadCluster;
+use crate::etcd::{ClusterClient, ClusterHealth, EtcdConfig};
+use crate::render::{self, Names};
+use objects::{StatefulSetReading, StaticObjects, Workload};
+
+/// Everything observed, raw objects included (for `act`'s preconditions).
+pub struct Observed {
+    pub planner: Observation,
+    pub statefulset: Option<StatefulSet>,
+    pub pods: BTreeMap<u32, Pod>,
+    pub pvcs: BTreeMap<u32, PersistentVolumeClaim>,
+    pub pki: Option<Pki>,
+    pub etcd_config: EtcdConfig,
+    /// Advertised client URLs of the member pods (the dialer maps them).
+    pub endpoints: Vec<String>,
+    /// The cluster's pooled etcd client, when etcd answered.
+    pub etcd: Option<ClusterClient>,
+    pub health: Option<ClusterHealth>,
+    /// The workload API server URL (what the dialer needs).
+    pub server: String,
+    /// Cluster key and input fingerprint, to remember this observation by
+    /// if the cluster turns out converged (see [`super::memo`]).
+    pub memo_key: (String, u64),
+}
+
+impl Observed {
+    pub fn names(&self) -> &Names {
+        &self.planner.names
+    }
+}
+
+/// Observes one cluster: each reader in turn, then the planner's view.
+pub async fn observe(
+    cluster: &EtcdCluster,
+    resolved: &Resolved,
+    workload: &WorkloadCluster,
+    ctx: &Context,
+    report: &Report,
+) -> Result<Observed> {
+    let inputs = &resolved.inputs;
+    let key = cluster_key(cluster);
+    let fingerprint = super::memo::fingerprint(inputs, &workload.server);
+    let recalled = ctx
+        .memo
+        .recall(&key, fingerprint, ctx.settings.reread_after);
+    let w = Workload::new(workload, inputs);
+
+    let pki = pki::read(cluster, inputs, recalled.as_ref(), ctx).await?;
+    // Present, owned and matching at the last converged reconcile: not
+    // re-read within `reread_after` (see `memo`).
+    let objects = match recalled {
+        Some(_) => StaticObjects::default(),
+        None => objects::read_static(&w, &pki).await?,
+    };
+    let statefulset = objects::read_statefulset(&w, resolved).await?;
+    let members = volumes::read(&w).await?;
+    let sts_replicas = statefulset_replicas(statefulset.statefulset.as_ref());
+    let etcd = etcd::read(
+        cluster,
+        &w,
+        pki.pki.as_ref(),
+        members.pods.keys().copied(),
+        sts_replicas,
+        ctx,
+    )
+    .await;
+    let history = History::of(cluster, etcd.health.as_ref(), ctx, report);
+
+    let planner = Observation {
+        names: w.names.clone(),
+        tls: inputs.tls,
+        desired_replicas: resolved.resolution.spec.replicas.max(1) as u32,
+        stale_objects: stale_objects(&pki, &objects, &statefulset),
+        statefulset: statefulset
+            .statefulset
+            .as_ref()
+            .map(|s| StatefulSetObservation {
+                replicas: sts_replicas,
+                image: render::statefulset_image(s).unwrap_or_default().to_string(),
+                template_hash: render::statefulset_template_hash(s).map(str::to_string),
+            }),
+        pods: (members.pods.iter())
+            .map(|(o, p)| (*o, volumes::pod_observation(p)))
+            .collect(),
+        pvcs: (members.pvcs.iter())
+            .map(|(o, p)| (*o, volumes::pvc_observation(p, &w.owner)))
+            .collect(),
+        etcd: etcd.etcd,
+        failed_members: history.failed_members,
+        failed_long_ago: history.failed_long_ago,
+        alarms: etcd.alarms,
+        conflicts: [objects.conflicts, statefulset.conflicts, members.conflicts].concat(),
+        // The management-side CA is gone but the workload still trusts one: a
+        // lost Secret, not a new cluster (which has neither).
+        pki_lost: inputs.tls
+            && pki.pki.is_none()
+            && (objects.tls_secret_ca_present || history.had_members),
+        storage_change: statefulset.storage_change,
+        requested_version: Some(inputs.version.clone()),
+        known_voters: history.known_voters,
+        last_failure: history.last_failure,
+        // Filled by the pipeline's restore gate when the cluster restores.
+        restore: Default::default(),
+    };
+    Ok(Observed {
+        planner,
+        statefulset: statefulset.statefulset,
+        pods: members.pods,
+        pvcs: members.pvcs,
+        pki: pki.pki,
+        etcd_config: etcd.config,
+        endpoints: etcd.endpoints,
+        etcd: etcd.client,
+        health: etcd.health,
+        server: workload.server.clone(),
+        memo_key: (key, fingerprint),
+    })
+}
+
+/// Workload objects missing or out of date, in the order they are written.
+fn stale_objects(
+    pki: &pki::PkiReading,
+    objects: &StaticObjects,
+    statefulset: &StatefulSetReading,
+) -> Vec<ObjectKind> {
+    let pki = pki.stale.then_some(ObjectKind::Pki);
+    let sts = statefulset.stale.then_some(ObjectKind::StatefulSet);
+    pki.into_iter()
+        .chain(objects.stale.iter().copied())
+        .chain(sts)
+        .collect()
+}
+
+/// What the stored status remembers: members past their failure grace (it
+/// lives in `status.members[].unhealthySince`), the last step if it failed,
+/// and the members listed last time.
+struct History {
+    failed_members: BTreeSet<u64>,
+    failed_long_ago: BTreeSet<u64>,
+    last_failure: Option<FailedStep>,
+    known_voters: u32,
+    had_members: bool,
+}
+
+impl History {
+    fn of(
+        cluster: &EtcdCluster,
+        health: Option<&ClusterHealth>,
+        ctx: &Context,
+        report: &Report,
+    ) -> Self {
+        let grace = ctx.settings.member_failure_grace;
+        let failed_members = match health {
+            Some(h) => report.failed_members(h, grace),
+            None => BTreeSet::new(),
+        };
+        let failed_long_ago = match health {
+            Some(h) => report.failed_members(h, grace * READY_POD_GRACE_FACTOR),
+            None => BTreeSet::new(),
+        };
+        let old_status = cluster.status.clone().unwrap_or_default();
+        let last_failure = old_status.last_operation.as_ref().and_then(|op| {
+            (op.outcome == "Failed").then(|| FailedStep {
+                kind: op.type_.clone(),
+                failures: op.failures.unwrap_or(1).max(1) as u32,
+                age: op
+                    .time
+                    .as_ref()
+                    .and_then(|t| {
+                        Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
+                            .ok()
+                    })
+                    .unwrap_or(Duration::MAX),
+            })
+        });
+        History {
+            failed_members,
+            failed_long_ago,
+            last_failure,
+            known_voters: old_status.members.iter().filter(|m| !m.learner).count() as u32,
+            had_members: !old_status.members.is_empty(),
+        }
+    }
+}

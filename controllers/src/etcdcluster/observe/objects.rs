@@ -1,0 +1,233 @@
+//! The workload-objects reader: the namespace, Services, TLS Secrets, PDB,
+//! members ConfigMap and StatefulSet of one cluster, checked against the
+//! inputs they are rendered from (the render contract) and against their
+//! owner. Read only.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Resource;
+use kube::api::Api;
+
+use super::super::context::{Error, Result};
+use super::super::plan::{ForeignObject, ObjectKind};
+use super::super::resolve::Resolved;
+use super::pki::PkiReading;
+use crate::access::secret_str;
+use crate::connector::WorkloadCluster;
+use crate::render::{self, Names, RenderInputs};
+
+/// What every reader of one cluster's workload objects shares.
+pub struct Workload<'a> {
+    pub cluster: &'a WorkloadCluster,
+    pub inputs: &'a RenderInputs,
+    pub names: Names,
+    /// The owner label's value of this cluster's objects.
+    pub owner: String,
+}
+
+impl<'a> Workload<'a> {
+    pub fn new(cluster: &'a WorkloadCluster, inputs: &'a RenderInputs) -> Self {
+        Workload {
+            cluster,
+            inputs,
+            names: inputs.names(),
+            owner: inputs.owner_label(),
+        }
+    }
+
+    /// The workload namespace.
+    pub fn ns(&self) -> &str {
+        &self.inputs.workload_namespace
+    }
+
+    /// The namespaced API of `K` in the workload namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.cluster.client.clone(), self.ns())
+    }
+
+    /// A workload API failure, naming the server.
+    pub fn err(&self) -> impl Fn(kube::Error) -> Error + '_ {
+        move |source| Error::WorkloadApi {
+            server: self.cluster.server.to_string(),
+            source,
+        }
+    }
+
+    /// Records `obj` as a conflict unless its owner label names this cluster
+    /// (see [`check_owner`]).
+    fn owned<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        conflicts: &mut Vec<ForeignObject>,
+    ) -> bool {
+        check_owner(obj, self.ns(), &self.owner, conflicts)
+    }
+}
+
+/// The objects that are only checked for presence, owner and inputs.
+#[derive(Default)]
+pub struct StaticObjects {
+    /// Missing or out of date, in the order they are written.
+    pub stale: Vec<ObjectKind>,
+    pub conflicts: Vec<ForeignObject>,
+    /// A workload TLS Secret carries a CA certificate.
+    pub tls_secret_ca_present: bool,
+}
+
+/// Reads the namespace, TLS Secrets, Services, PDB and members ConfigMap.
+pub async fn read_static(w: &Workload<'_>, pki: &PkiReading) -> Result<StaticObjects> {
+    let (inputs, names, err) = (w.inputs, &w.names, w.err());
+    let mut found = StaticObjects::default();
+    let namespaces: Api<Namespace> = Api::all(w.cluster.client.clone());
+    if namespaces.get_opt(w.ns()).await.map_err(&err)?.is_none() {
+        found.stale.push(ObjectKind::Namespace);
+    }
+    if inputs.tls {
+        read_tls_secrets(w, pki, &mut found).await?;
+    }
+    let services: Api<Service> = w.api();
+    for (kind, name) in [
+        (ObjectKind::PeerService, names.peer_service()),
+        (ObjectKind::ClientService, names.client_service()),
+    ] {
+        match services.get_opt(&name).await.map_err(&err)? {
+            Some(s) if !w.owned(&s, &mut found.conflicts) => {}
+            Some(s) if hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}"))) => {}
+            _ => found.stale.push(kind),
+        }
+    }
+    let pdbs: Api<PodDisruptionBudget> = w.api();
+    match pdbs.get_opt(&names.pdb()).await.map_err(&err)? {
+        Some(p) if !w.owned(&p, &mut found.conflicts) => {}
+        Some(p) if hash_matches(&p.metadata, &inputs.identity_hash("PodDisruptionBudget")) => {}
+        _ => found.stale.push(ObjectKind::PodDisruptionBudget),
+    }
+    let configmaps: Api<ConfigMap> = w.api();
+    match configmaps
+        .get_opt(&names.members_configmap())
+        .await
+        .map_err(&err)?
+    {
+        None => found.stale.push(ObjectKind::MembersConfigMap),
+        Some(cm) => {
+            w.owned(&cm, &mut found.conflicts);
+        }
+    }
+    Ok(found)
+}
+
+/// The server and peer TLS Secrets: owned, rendered from these inputs,
+/// issued by the cluster's CA and not about to expire.
+async fn read_tls_secrets(
+    w: &Workload<'_>,
+    pki: &PkiReading,
+    found: &mut StaticObjects,
+) -> Result<()> {
+    let (inputs, names, err) = (w.inputs, &w.names, w.err());
+    let secrets: Api<Secret> = w.api();
+    for (kind, name) in [
+        (ObjectKind::ServerTlsSecret, names.server_tls_secret()),
+        (ObjectKind::PeerTlsSecret, names.peer_tls_secret()),
+    ] {
+        let fresh = match secrets.get_opt(&name).await.map_err(&err)? {
+            Some(s) if !w.owned(&s, &mut found.conflicts) => true,
+            Some(s) => {
+                found.tls_secret_ca_present |= secret_str(&s, "ca.crt").is_some();
+                hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}")))
+                    && pki.pki.as_ref().is_some_and(|p| {
+                        secret_str(&s, "ca.crt").as_deref() == Some(p.ca.cert_pem())
+                    })
+                    && pki.fresh_cert(secret_str(&s, "tls.crt").as_deref())
+            }
+            None => false,
+        };
+        if !fresh {
+            found.stale.push(kind);
+        }
+    }
+    Ok(())
+}
+
+/// The StatefulSet as the readers found it.
+pub struct StatefulSetReading {
+    pub statefulset: Option<StatefulSet>,
+    /// Missing, or drifted from its inputs (while a version change is not
+    /// rejected).
+    pub stale: bool,
+    pub conflicts: Vec<ForeignObject>,
+    /// A storage change its claim templates cannot take.
+    pub storage_change: Option<String>,
+}
+
+/// Reads the StatefulSet (every reconcile: it changes on its own).
+pub async fn read_statefulset(w: &Workload<'_>, resolved: &Resolved) -> Result<StatefulSetReading> {
+    let inputs = w.inputs;
+    let statefulsets: Api<StatefulSet> = w.api();
+    let statefulset = statefulsets
+        .get_opt(&w.names.statefulset())
+        .await
+        .map_err(w.err())?;
+    let mut conflicts = Vec::new();
+    let mut storage_change = None;
+    if let Some(sts) = &statefulset
+        && w.owned(sts, &mut conflicts)
+        && let Some((class, size)) = render::statefulset_storage(sts)
+    {
+        let want = (
+            inputs.storage_class.clone(),
+            Some(inputs.storage_size.clone()),
+        );
+        if (class.clone(), size.clone()) != want {
+            storage_change = Some(format!(
+                "spec.storage asks for class {:?}, size {}, but the StatefulSet's volumes are class {:?}, size {}",
+                inputs.storage_class,
+                inputs.storage_size,
+                class,
+                size.unwrap_or_default()
+            ));
+        }
+    }
+    let stale = match &statefulset {
+        None => true,
+        Some(sts) => !resolved.hold_statefulset() && render::drift(sts, inputs).is_some(),
+    };
+    Ok(StatefulSetReading {
+        statefulset,
+        stale,
+        conflicts,
+        storage_change,
+    })
+}
+
+fn hash_matches(meta: &kube::api::ObjectMeta, want: &str) -> bool {
+    render::carried_hash(meta) == Some(want)
+}
+
+/// Records `obj` as a conflict unless its owner label names this cluster.
+/// Read before every write: an object at our name that another EtcdCluster
+/// (or nobody) holds is never overwritten, adopted or deleted.
+pub fn check_owner<K: Resource<DynamicType = ()>>(
+    obj: &K,
+    ns: &str,
+    owner: &str,
+    conflicts: &mut Vec<ForeignObject>,
+) -> bool {
+    let theirs = render::owner_of(obj.meta());
+    if theirs == Some(owner) {
+        return true;
+    }
+    conflicts.push(ForeignObject {
+        object: format!(
+            "{}/{ns}/{}",
+            K::kind(&()),
+            obj.meta().name.as_deref().unwrap_or("")
+        ),
+        owner: theirs.map(str::to_string),
+    });
+    false
+}

@@ -1,0 +1,147 @@
+//! The members' pods and volumes reader: the pods and PVCs at this
+//! cluster's ordinals, which member's data each volume holds, and the pods
+//! and volumes another EtcdCluster holds. Read only.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Resource, ResourceExt};
+
+use super::super::context::Result;
+use super::super::plan::{ForeignObject, PodObservation, PvcObservation};
+use super::objects::Workload;
+use crate::render;
+
+/// Annotation on a member PVC naming the etcd member id (hex) whose data it holds.
+pub const PVC_MEMBER_ANNOTATION: &str = "etcdfleet.dev/member-id";
+/// Annotation on a member PVC naming the EtcdCluster whose data it holds
+/// (the owner label's value; a claim template's labels cannot change, so the
+/// owner is recorded here once the member runs).
+pub const PVC_OWNER_ANNOTATION: &str = "etcdfleet.dev/owner";
+/// Annotation on a member PVC: the etcd version that last ran on its data.
+pub const PVC_VERSION_ANNOTATION: &str = "etcdfleet.dev/etcd-version";
+
+/// The member pods and volumes, by ordinal.
+pub struct PodsAndVolumes {
+    pub pods: BTreeMap<u32, Pod>,
+    pub pvcs: BTreeMap<u32, PersistentVolumeClaim>,
+    /// Pods and PVCs at our names that another EtcdCluster holds.
+    pub conflicts: Vec<ForeignObject>,
+}
+
+/// Reads the member pods and PVCs (every reconcile).
+pub async fn read(w: &Workload<'_>) -> Result<PodsAndVolumes> {
+    let (names, err) = (&w.names, w.err());
+    let selector = ListParams::default().labels(&render::selector_string(names));
+    let pods: Api<Pod> = w.api();
+    let pods: BTreeMap<u32, Pod> = pods
+        .list(&selector)
+        .await
+        .map_err(&err)?
+        .items
+        .into_iter()
+        .filter_map(|p| names.ordinal_of(&p.name_any()).map(|o| (o, p)))
+        .collect();
+    let pvcs: Api<PersistentVolumeClaim> = w.api();
+    let pvcs: BTreeMap<u32, PersistentVolumeClaim> = pvcs
+        .list(&selector)
+        .await
+        .map_err(&err)?
+        .items
+        .into_iter()
+        .filter_map(|p| {
+            p.name_any()
+                .strip_prefix("data-")
+                .and_then(|pod| names.ordinal_of(pod))
+                .map(|o| (o, p))
+        })
+        .collect();
+    let conflicts = foreign_pods_and_volumes(w, &pods, &pvcs);
+    Ok(PodsAndVolumes {
+        pods,
+        pvcs,
+        conflicts,
+    })
+}
+
+/// Pods and PVCs at our names that another EtcdCluster holds (the selector
+/// labels are the same for one name in two namespaces): never restarted,
+/// deleted or reused. Unlabelled pods and unrecorded PVCs are this
+/// cluster's StatefulSet's (older releases did not mark them).
+fn foreign_pods_and_volumes(
+    w: &Workload<'_>,
+    pods: &BTreeMap<u32, Pod>,
+    pvcs: &BTreeMap<u32, PersistentVolumeClaim>,
+) -> Vec<ForeignObject> {
+    let (ns, owner) = (w.ns(), &w.owner);
+    let mut conflicts = Vec::new();
+    for (kind, name, theirs) in pods
+        .values()
+        .map(|p| {
+            (
+                "Pod",
+                p.name_any(),
+                render::owner_of(p.meta()).map(str::to_string),
+            )
+        })
+        .chain(pvcs.values().map(|p| {
+            (
+                "PersistentVolumeClaim",
+                p.name_any(),
+                p.annotations().get(PVC_OWNER_ANNOTATION).cloned(),
+            )
+        }))
+    {
+        if let Some(theirs) = theirs
+            && &theirs != owner
+        {
+            conflicts.push(ForeignObject {
+                object: format!("{kind}/{ns}/{name}"),
+                owner: Some(theirs),
+            });
+        }
+    }
+    conflicts
+}
+
+/// A member pod as the planner sees it.
+pub fn pod_observation(pod: &Pod) -> PodObservation {
+    let status = pod.status.as_ref();
+    let container = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first());
+    PodObservation {
+        image: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default(),
+        template_hash: pod.annotations().get(render::TEMPLATE_HASH).cloned(),
+        running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
+        ready: container.is_some_and(|c| c.ready),
+        restart_count: container.map_or(0, |c| c.restart_count),
+        deleting: pod.meta().deletion_timestamp.is_some(),
+        ready_means_etcd_healthy: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.readiness_probe.as_ref())
+            .and_then(|p| p.http_get.as_ref())
+            .is_some_and(|g| g.path.as_deref().is_some_and(|p| p.starts_with("/health"))),
+    }
+}
+
+/// A member volume as the planner sees it: which member's data, whose, and
+/// which etcd last ran on it.
+pub fn pvc_observation(pvc: &PersistentVolumeClaim, owner: &String) -> PvcObservation {
+    PvcObservation {
+        member_id: pvc
+            .annotations()
+            .get(PVC_MEMBER_ANNOTATION)
+            .and_then(|s| u64::from_str_radix(s, 16).ok()),
+        owner_recorded: pvc.annotations().get(PVC_OWNER_ANNOTATION) == Some(owner),
+        etcd_version: pvc.annotations().get(PVC_VERSION_ANNOTATION).cloned(),
+    }
+}

@@ -1,0 +1,212 @@
+//! The rules that come before any step: refusals (acting would harm data
+//! or another owner), the restore gate, and the backoff of a failing step.
+//! Also the identity check the pipeline makes before any workload I/O.
+
+use super::observation::{EtcdObservation, Observation, RestoreGate};
+use super::step::{Plan, Refusal};
+
+/// Rule: nothing at all is done while a refusal stands (see [`refusal`]).
+pub(super) fn refusals(obs: &Observation) -> Option<Plan> {
+    refusal(obs).map(Plan::Refuse)
+}
+
+/// Rule: a restore whose snapshot is missing or corrupt makes nothing: no
+/// Service, no Secret, no StatefulSet (a half-made cluster would start
+/// empty, or mix data).
+pub(super) fn restore_gate(obs: &Observation) -> Option<Plan> {
+    if obs.statefulset.is_none()
+        && let RestoreGate::Refused(refusal) = &obs.restore
+    {
+        return Some(Plan::Refuse(refusal.clone()));
+    }
+    None
+}
+
+/// Rule: a step that keeps failing waits out its backoff (no destructive
+/// work is redone in a tight loop, e.g. compact + defragment every member).
+pub(super) fn failure_backoff(obs: &Observation) -> Option<Plan> {
+    let failed = obs.last_failure.as_ref()?;
+    let delay = retry_delay(failed.failures);
+    (failed.age < delay).then(|| {
+        Plan::Hold(format!(
+            "{} failed {} time(s) in a row; retrying with backoff (up to {}s between attempts)",
+            failed.kind,
+            failed.failures,
+            delay.as_secs()
+        ))
+    })
+}
+
+/// First retry delay of a failing step; doubles per failure up to [`RETRY_MAX`].
+pub const RETRY_BASE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Longest delay between retries of a failing step.
+pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Delay before retrying a step that failed `failures` times in a row: a
+/// single failure is retried at once (a lost answer, a blip); from the second
+/// on, the delay doubles.
+pub fn retry_delay(failures: u32) -> std::time::Duration {
+    if failures <= 1 {
+        return std::time::Duration::ZERO;
+    }
+    let exp = (failures - 2).min(16);
+    RETRY_BASE.saturating_mul(1u32 << exp).min(RETRY_MAX)
+}
+
+/// What identity the spec asks for differs from the recorded one: the
+/// message, or `None` when they match (or nothing is recorded yet).
+pub fn identity_mismatch(
+    recorded: Option<&etcdfleet_api::ManagedIdentity>,
+    wanted: &etcdfleet_api::ManagedIdentity,
+) -> Option<String> {
+    let recorded = recorded?;
+    let mut changed = Vec::new();
+    if recorded.kubeconfig_secret != wanted.kubeconfig_secret {
+        changed.push(format!(
+            "workload cluster (kubeconfig Secret {} → {})",
+            recorded.kubeconfig_secret, wanted.kubeconfig_secret
+        ));
+    }
+    if recorded.workload_namespace != wanted.workload_namespace {
+        changed.push(format!(
+            "workloadNamespace ({} → {})",
+            recorded.workload_namespace, wanted.workload_namespace
+        ));
+    }
+    if recorded.tls != wanted.tls {
+        changed.push(format!("tls.enabled ({} → {})", recorded.tls, wanted.tls));
+    }
+    (!changed.is_empty()).then(|| {
+        format!(
+            "the spec moves a running etcd: {}; this would start a second, empty etcd \
+             (or lock the controller out of this one). Revert the spec; to move etcd, \
+             back it up and restore it into a new EtcdCluster",
+            changed.join(", ")
+        )
+    })
+}
+
+/// Why nothing may be done at all, if so. Checked before every step.
+fn refusal(obs: &Observation) -> Option<Refusal> {
+    if !obs.conflicts.is_empty() {
+        let list: Vec<String> = obs
+            .conflicts
+            .iter()
+            .map(|c| match &c.owner {
+                Some(owner) => format!("{} (owned by {owner})", c.object),
+                None => format!("{} (not made by etcdfleet: no owner label)", c.object),
+            })
+            .collect();
+        return Some(Refusal {
+            reason: "ObjectOwnedElsewhere",
+            message: format!(
+                "workload objects at this cluster's names belong to someone else: {}; \
+                 nothing is written, adopted or deleted. Rename this EtcdCluster or set a \
+                 different workloadNamespace",
+                list.join(", ")
+            ),
+        });
+    }
+    if obs.pki_lost {
+        return Some(Refusal {
+            reason: "PkiLost",
+            message: format!(
+                "the CA Secret {} is gone from the management cluster, but the members still use \
+                 certificates of the old CA; a new CA would lock every member out. Restore the \
+                 Secret (from a backup of the management cluster); nothing is re-keyed",
+                obs.names.pki_secret()
+            ),
+        });
+    }
+    if let Some(change) = &obs.storage_change {
+        return Some(Refusal {
+            reason: "StorageImmutable",
+            message: format!(
+                "{change}; a StatefulSet's volume claim templates cannot change, so nothing is \
+                 written. Revert spec.storage"
+            ),
+        });
+    }
+    // Data on the volumes, as last recorded: decisive when no member runs
+    // (a cluster recreated over kept volumes), a second check otherwise.
+    if let Some(requested) = &obs.requested_version {
+        for (ordinal, pvc) in &obs.pvcs {
+            if let Some(data) = &pvc.etcd_version
+                && let Err(rejection) = etcdfleet_api::version::decide(Some(data), requested)
+            {
+                return Some(Refusal {
+                    reason: "VersionRejected",
+                    message: format!(
+                        "PVC {} holds data last run by etcd {data}: {}",
+                        obs.names.pvc(*ordinal),
+                        rejection.message()
+                    ),
+                });
+            }
+        }
+    }
+    if let (Some(requested), EtcdObservation::Observed(health)) =
+        (&obs.requested_version, &obs.etcd)
+    {
+        for m in health.members() {
+            if let Some(running) = m.status.as_ref().map(|s| s.version.as_str())
+                && !running.is_empty()
+                && let Err(rejection) = etcdfleet_api::version::decide(Some(running), requested)
+            {
+                return Some(Refusal {
+                    reason: "VersionRejected",
+                    message: format!(
+                        "member {:x} runs {running} (as etcd reports it): {}",
+                        m.member.id,
+                        rejection.message()
+                    ),
+                });
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::observation::FailedStep;
+    use super::super::tests::converged;
+    use super::*;
+
+    #[test]
+    fn refusals_answer_only_when_something_forbids_acting() {
+        let mut obs = converged(3, 3);
+        assert_eq!(refusals(&obs), None);
+        obs.pki_lost = true;
+        assert!(matches!(refusals(&obs), Some(Plan::Refuse(r)) if r.reason == "PkiLost"));
+    }
+
+    #[test]
+    fn the_restore_gate_holds_only_before_the_statefulset_exists() {
+        let mut obs = converged(3, 3);
+        obs.restore = RestoreGate::Refused(Refusal {
+            reason: "SnapshotMissing",
+            message: "gone".into(),
+        });
+        assert_eq!(
+            restore_gate(&obs),
+            None,
+            "a running cluster is past its restore"
+        );
+        obs.statefulset = None;
+        assert!(matches!(restore_gate(&obs), Some(Plan::Refuse(_))));
+    }
+
+    #[test]
+    fn a_failing_step_holds_until_its_backoff_has_passed() {
+        let mut obs = converged(1, 1);
+        obs.last_failure = Some(FailedStep {
+            kind: "Defragment".into(),
+            failures: 3,
+            age: std::time::Duration::from_secs(1),
+        });
+        assert!(matches!(failure_backoff(&obs), Some(Plan::Hold(_))));
+        obs.last_failure.as_mut().unwrap().age = retry_delay(3);
+        assert_eq!(failure_backoff(&obs), None);
+    }
+}

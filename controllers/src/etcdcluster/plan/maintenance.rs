@@ -1,0 +1,142 @@
+//! Maintenance of a cluster of the right size and version: alarms (a
+//! CORRUPT alarm is left to a person, NOSPACE is recovered), fragmented
+//! databases defragmented, and the volumes' records kept up to date.
+
+use crate::etcd::AlarmKind;
+
+use super::members::Members;
+use super::step::{Plan, Step};
+
+/// A member is defragmented when at least this many bytes, and at least half
+/// of its database file, are free pages.
+pub const DEFRAG_MIN_FREE_BYTES: i64 = 128 * 1024 * 1024;
+
+/// Rule: alarms. CORRUPT needs a person; NOSPACE is recovered once every
+/// member is healthy (defragmentation blocks the member it runs on).
+pub(super) fn alarms(m: &Members) -> Option<Plan> {
+    let obs = m.obs;
+    if let Some(alarm) = obs.alarms.iter().find(|a| a.kind == AlarmKind::Corrupt) {
+        return Some(Plan::Hold(format!(
+            "etcd raised a CORRUPT alarm on member {}: its data disagrees with the others; \
+             replace that member or restore from a snapshot (no automatic action)",
+            m.describe(alarm.member_id)
+        )));
+    }
+    if !obs.alarms.iter().any(|a| a.kind == AlarmKind::NoSpace) {
+        return None;
+    }
+    if let Some(sick) = m.health.voters().find(|mo| !mo.healthy) {
+        return Some(Plan::Wait(format!(
+            "NOSPACE recovery waits until every member is healthy ({:x} is not)",
+            sick.member.id
+        )));
+    }
+    Some(Plan::Act(Step::RecoverFromNoSpace))
+}
+
+/// Rule: defragment members whose database is mostly free pages, one at a
+/// time, followers first and the leader last, only in a healthy cluster.
+pub(super) fn defragment(m: &Members) -> Option<Plan> {
+    let health = m.health;
+    if !health.members().iter().all(|mo| mo.healthy) {
+        return None;
+    }
+    let leader = health.leader();
+    let mut fragmented: Vec<(bool, u32, u64)> = health
+        .voters()
+        .filter_map(|mo| {
+            let s = mo.status.as_ref()?;
+            let free = s.db_size.saturating_sub(s.db_size_in_use);
+            (s.db_size > 0 && free >= DEFRAG_MIN_FREE_BYTES && free * 2 >= s.db_size)
+                .then_some(())?;
+            Some((
+                leader == Some(mo.member.id),
+                m.ordinal_of(mo.member.id)?,
+                mo.member.id,
+            ))
+        })
+        .collect();
+    fragmented.sort();
+    let &(_, ordinal, member_id) = fragmented.first()?;
+    Some(Plan::Act(Step::Defragment { ordinal, member_id }))
+}
+
+/// Rule: a member still unhealthy is waited for (nothing else is left that
+/// would help it).
+pub(super) fn unhealthy_member(m: &Members) -> Option<Plan> {
+    let sick = m.health.members().iter().find(|mo| !mo.healthy)?;
+    Some(Plan::Wait(format!(
+        "member {} is unhealthy{}",
+        m.describe(sick.member.id),
+        sick.error
+            .as_ref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
+    )))
+}
+
+/// Rule: once nothing else is left to do, the owner and the running etcd
+/// version of recorded volumes are brought up to date.
+pub(super) fn refresh_volume_records(m: &Members) -> Option<Plan> {
+    m.record_pvc_step(|pvc, running| {
+        pvc.member_id.is_some()
+            && (!pvc.owner_recorded || (running.is_some() && pvc.etcd_version.as_ref() != running))
+    })
+    .map(Plan::Act)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{converged, member, with_members};
+    use super::*;
+    use crate::etcd::Alarm;
+
+    #[test]
+    fn a_quiet_healthy_cluster_needs_no_maintenance() {
+        let obs = converged(3, 3);
+        let m = Members::of(&obs).unwrap();
+        assert_eq!(alarms(&m), None);
+        assert_eq!(defragment(&m), None);
+        assert_eq!(unhealthy_member(&m), None);
+        assert_eq!(refresh_volume_records(&m), None);
+    }
+
+    #[test]
+    fn nospace_waits_for_health_and_corrupt_is_held() {
+        let mut obs = with_members(
+            converged(2, 2),
+            vec![member(0, true, true, false), member(1, false, false, false)],
+        );
+        obs.alarms = vec![Alarm {
+            member_id: 100,
+            kind: AlarmKind::NoSpace,
+        }];
+        assert!(matches!(
+            alarms(&Members::of(&obs).unwrap()),
+            Some(Plan::Wait(_))
+        ));
+        obs.alarms[0].kind = AlarmKind::Corrupt;
+        assert!(matches!(
+            alarms(&Members::of(&obs).unwrap()),
+            Some(Plan::Hold(_))
+        ));
+    }
+
+    #[test]
+    fn an_unhealthy_member_is_waited_for_and_an_outdated_record_refreshed() {
+        let obs = with_members(
+            converged(2, 2),
+            vec![member(0, true, true, false), member(1, false, false, false)],
+        );
+        assert!(matches!(
+            unhealthy_member(&Members::of(&obs).unwrap()),
+            Some(Plan::Wait(_))
+        ));
+        let mut obs = converged(1, 1);
+        obs.pvcs.get_mut(&0).unwrap().owner_recorded = false;
+        assert!(matches!(
+            refresh_volume_records(&Members::of(&obs).unwrap()),
+            Some(Plan::Act(Step::RecordPvcMember { ordinal: 0, .. }))
+        ));
+    }
+}

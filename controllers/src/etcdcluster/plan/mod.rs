@@ -1,0 +1,104 @@
+//! The planner: a pure function from everything observed about one etcd
+//! cluster to the single most urgent safe next step (or a reason to wait, or
+//! nothing). It looks at the whole state every time, never at what changed,
+//! so a controller that restarts at any point simply plans again.
+//!
+//! The policy is [`RULES`]: an ordered list of named rules, most urgent
+//! first. Each rule is a small pure function that answers with a plan (a
+//! step, a wait, a hold, a refusal) or `None`, "not mine"; the first answer
+//! wins, and when no rule answers the cluster is converged. A new capability
+//! adds a rule at its place in the list, with its tests beside it; it does
+//! not add a branch inside another rule.
+//!
+//! Rooms: [`observation`] (what the planner reads), [`step`] (what it
+//! answers), [`members`] (the running cluster as the membership rules see
+//! it), [`quorum`]; the rules themselves in [`guards`], [`bootstrap`],
+//! [`repair`], [`scale`], [`roll`] and [`maintenance`].
+
+pub mod bootstrap;
+pub mod guards;
+pub mod maintenance;
+pub mod members;
+pub mod observation;
+pub mod quorum;
+pub mod repair;
+pub mod roll;
+pub mod scale;
+pub mod step;
+
+pub use guards::{RETRY_BASE, RETRY_MAX, identity_mismatch, retry_delay};
+pub use maintenance::DEFRAG_MIN_FREE_BYTES;
+pub use members::Members;
+pub use observation::{
+    EtcdObservation, FailedStep, ForeignObject, Observation, PodObservation, PvcObservation,
+    READY_POD_GRACE_FACTOR, RestoreGate, StatefulSetObservation,
+};
+pub use quorum::{CutOff, QUORUM_LOSS_HELP, QuorumView, quorum_view};
+pub use step::{ObjectKind, Plan, Refusal, RemovalCause, Step};
+
+/// One rule of the policy: it decides from the observation alone, or (after
+/// bootstrap, once a StatefulSet exists and members answer) from the running
+/// cluster.
+#[derive(Clone, Copy)]
+pub enum Rule {
+    Observation(fn(&Observation) -> Option<Plan>),
+    Members(fn(&Members) -> Option<Plan>),
+}
+
+use Rule::{Members as M, Observation as O};
+
+/// The whole policy, most urgent first.
+pub const RULES: &[(&str, Rule)] = &[
+    // Refusals: acting would harm data or another owner (a workload object
+    // owned elsewhere, lost PKI, a storage change the StatefulSet cannot
+    // take, a version the members' reported version forbids).
+    ("refusals", O(guards::refusals)),
+    ("restore gate", O(guards::restore_gate)),
+    ("failing step backs off", O(guards::failure_backoff)),
+    // The workload objects exist and match their inputs: Services, PKI and
+    // TLS Secrets (certificates are renewed here), ConfigMap, StatefulSet.
+    ("missing or stale objects", O(bootstrap::stale_objects)),
+    ("bootstrap", O(bootstrap::bootstrap)),
+    ("no member answers", O(bootstrap::no_member_answers)),
+    // From here on a StatefulSet exists and members answer.
+    ("quorum", M(quorum::quorum)),
+    // Membership repair.
+    ("record new volumes", M(repair::record_new_volumes)),
+    ("learner in flight", M(repair::learner_in_flight)),
+    ("failed members", M(repair::failed_members)),
+    ("stale storage", M(repair::stale_storage)),
+    // Alarms before any change of size or version.
+    ("alarms", M(maintenance::alarms)),
+    // Scale: down (shrink after a removal, then its volume, then the next
+    // member), a foreign member reported, then up.
+    ("shrink after a removal", M(scale::shrink_statefulset)),
+    ("delete removed volumes", M(scale::delete_removed_volumes)),
+    ("remove beyond the size", M(scale::remove_beyond_size)),
+    ("foreign members", M(scale::foreign_members)),
+    ("scale up", M(scale::scale_up)),
+    // Version and configuration.
+    ("roll members onto the template", M(roll::roll_members)),
+    // Maintenance.
+    ("defragment", M(maintenance::defragment)),
+    ("unhealthy member", M(maintenance::unhealthy_member)),
+    ("volume records", M(maintenance::refresh_volume_records)),
+];
+
+/// Decides the next step: the first rule of [`RULES`] that answers. Pure.
+pub fn plan_next_step(obs: &Observation) -> Plan {
+    let members = Members::of(obs);
+    for (_, rule) in RULES {
+        let answer = match rule {
+            Rule::Observation(decide) => decide(obs),
+            // Before bootstrap the rules above always answer.
+            Rule::Members(decide) => members.as_ref().and_then(decide),
+        };
+        if let Some(plan) = answer {
+            return plan;
+        }
+    }
+    Plan::Converged
+}
+
+#[cfg(test)]
+mod tests;

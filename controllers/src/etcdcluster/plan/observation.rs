@@ -1,0 +1,139 @@
+//! What the planner decides from: everything observed about one etcd
+//! cluster, in plain data. The observe stage fills it; the planner's rules
+//! only read it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::etcd::{Alarm, ClusterHealth};
+use crate::render::Names;
+
+use super::step::{ObjectKind, Refusal};
+
+/// The StatefulSet as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatefulSetObservation {
+    pub replicas: u32,
+    /// Image of the pod template.
+    pub image: String,
+    /// The inputs hash the pod template carries ([`crate::render::TEMPLATE_HASH`]);
+    /// `None` on a StatefulSet written by a release that did not stamp it.
+    pub template_hash: Option<String>,
+}
+
+/// One pod of the StatefulSet as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodObservation {
+    pub image: String,
+    /// The pod-template hash the pod was made from (copied from the template).
+    pub template_hash: Option<String>,
+    pub running: bool,
+    pub ready: bool,
+    pub restart_count: i32,
+    pub deleting: bool,
+    /// The pod's readiness is etcd's own health check (its template has the
+    /// readiness probe; pods of older templates are ready once running).
+    pub ready_means_etcd_healthy: bool,
+}
+
+/// One member PVC as observed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PvcObservation {
+    /// The etcd member id whose data this volume holds, once recorded.
+    pub member_id: Option<u64>,
+    /// This cluster's owner is recorded on it (a PVC recorded for another
+    /// owner is a conflict, never used or deleted).
+    pub owner_recorded: bool,
+    /// The etcd version that last ran on this data, once recorded: what a
+    /// cluster recreated over kept volumes must not downgrade or skip.
+    pub etcd_version: Option<String>,
+}
+
+/// What etcd itself said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EtcdObservation {
+    /// No member answered.
+    Unreachable(String),
+    Observed(ClusterHealth),
+}
+
+/// Everything the planner decides from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub names: Names,
+    pub tls: bool,
+    pub desired_replicas: u32,
+    /// Workload objects missing or whose inputs changed (from the render contract).
+    pub stale_objects: Vec<ObjectKind>,
+    pub statefulset: Option<StatefulSetObservation>,
+    pub pods: BTreeMap<u32, PodObservation>,
+    pub pvcs: BTreeMap<u32, PvcObservation>,
+    pub etcd: EtcdObservation,
+    /// Members unhealthy for longer than the failure grace period.
+    pub failed_members: BTreeSet<u64>,
+    /// Members unhealthy for longer than [`READY_POD_GRACE_FACTOR`] grace
+    /// periods: a member whose pod the kubelet reports ready is replaced only
+    /// then (the ready pod is a second vantage point, but a weak one: the
+    /// kubelet's check is not etcd's quorum).
+    pub failed_long_ago: BTreeSet<u64>,
+    /// Alarms etcd has raised (NOSPACE, CORRUPT).
+    pub alarms: Vec<Alarm>,
+    /// Workload objects at this cluster's names that another owner (or nobody)
+    /// holds. Nothing is written while any exists.
+    pub conflicts: Vec<ForeignObject>,
+    /// TLS is on, the management-side CA is gone, but the workload cluster
+    /// still has certificates from a CA: a new CA would lock every member out.
+    pub pki_lost: bool,
+    /// A storage change the StatefulSet cannot take (its claim templates are
+    /// immutable): what changed.
+    pub storage_change: Option<String>,
+    /// The version the spec asks for (`MAJOR.MINOR.PATCH`).
+    pub requested_version: Option<String>,
+    /// Voters the stored status listed last time: a cluster that had members
+    /// and now has none answering has lost quorum, it is not bootstrapping.
+    pub known_voters: u32,
+    /// The last step, if it failed: a step that keeps failing is retried with
+    /// exponential backoff, never in a tight loop.
+    pub last_failure: Option<FailedStep>,
+    /// A cluster bootstrapping from a snapshot (`spec.bootstrap.restore`):
+    /// whether the snapshot was verified (see [`RestoreGate`]).
+    pub restore: RestoreGate,
+}
+
+/// The snapshot check of a cluster that restores, made before its first
+/// workload write.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RestoreGate {
+    /// No restore, or the cluster was bootstrapped already (the field is
+    /// honoured only at the first bootstrap).
+    #[default]
+    NotNeeded,
+    /// The backup resolved and the object has the recorded size and SHA-256.
+    Verified,
+    /// The snapshot cannot be used: nothing is written to the workload cluster.
+    Refused(Refusal),
+}
+
+/// A workload object this cluster would write or delete, held by another owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignObject {
+    /// `Kind/namespace/name`.
+    pub object: String,
+    /// The value of its owner label; `None` when it has none (made by hand or by
+    /// another tool).
+    pub owner: Option<String>,
+}
+
+/// A step that failed, as recorded in `status.lastOperation`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedStep {
+    /// `Step::kind()` of the failed step.
+    pub kind: String,
+    /// Failures in a row.
+    pub failures: u32,
+    /// Time since the last failure.
+    pub age: std::time::Duration,
+}
+
+/// How many failure grace periods a member that does not answer the
+/// controller, but whose pod is ready, is given before it is replaced.
+pub const READY_POD_GRACE_FACTOR: u32 = 5;

@@ -1,0 +1,94 @@
+//! Version and configuration changes: members are rolled onto the
+//! StatefulSet's pod template one at a time, followers first, the leader
+//! last after moving leadership, each gated on full health.
+
+use super::members::Members;
+use super::step::{Plan, Step};
+
+/// Rule: roll members onto the StatefulSet's pod template. The template hash
+/// covers every input (flags, resources, image, pod overrides); the image is
+/// compared only for StatefulSets written before the hash was stamped. An
+/// admission webhook that rewrites images (mirror, digest) changes no hash.
+pub(super) fn roll_members(m: &Members) -> Option<Plan> {
+    let (obs, sts, health) = (m.obs, m.sts, m.health);
+    let outdated: Vec<(u32, u64)> = obs
+        .pods
+        .iter()
+        .filter(|(_, p)| match &sts.template_hash {
+            Some(h) => p.template_hash.as_ref() != Some(h),
+            None => p.image != sts.image,
+        })
+        .filter_map(|(o, _)| m.member_at(*o).map(|id| (*o, id)))
+        .collect();
+    if outdated.is_empty() {
+        return None;
+    }
+    if obs.pods.values().any(|p| p.deleting) {
+        return Some(Plan::Wait("a member pod is being replaced".to_string()));
+    }
+    if let Some(sick) = health.voters().find(|mo| !mo.healthy) {
+        return Some(Plan::Wait(format!(
+            "rolling update waits: member {} is unhealthy",
+            m.describe(sick.member.id)
+        )));
+    }
+    if let Some(lagging) = health
+        .voters()
+        .find(|mo| health.lag(mo.member.id).is_some_and(|lag| lag > 1000))
+    {
+        return Some(Plan::Wait(format!(
+            "rolling update waits: member {:x} is catching up",
+            lagging.member.id
+        )));
+    }
+    let leader = health.leader();
+    let (ordinal, id) = outdated
+        .iter()
+        .copied()
+        .find(|(_, id)| Some(*id) != leader)
+        .unwrap_or(outdated[0]);
+    let voters = health.voter_count() as u32;
+    if Some(id) == leader && voters > 1 {
+        return Some(match m.pick_new_leader(&|_| true, id) {
+            Some(to) => Plan::Act(Step::MoveLeader { from: id, to }),
+            None => Plan::Wait("rolling update waits: no member can take over leadership".into()),
+        });
+    }
+    Some(match health.can_restart(id) {
+        Ok(()) => Plan::Act(Step::RestartMember {
+            ordinal,
+            member_id: id,
+        }),
+        // A single-member cluster cannot restart without downtime; that is
+        // what a one-member cluster signs up for.
+        Err(crate::etcd::UnsafeReason::SingleMemberDowntime { .. }) => {
+            Plan::Act(Step::RestartMember {
+                ordinal,
+                member_id: id,
+            })
+        }
+        Err(why) => Plan::Wait(format!("rolling update waits: {why}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{converged, pod};
+    use super::*;
+
+    #[test]
+    fn members_on_the_template_are_not_rolled_and_followers_go_first() {
+        let mut obs = converged(3, 3);
+        assert_eq!(roll_members(&Members::of(&obs).unwrap()), None);
+        for o in 0..3 {
+            obs.pods.insert(o, pod("etcd:v3.4.0"));
+        }
+        assert_eq!(
+            roll_members(&Members::of(&obs).unwrap()),
+            Some(Plan::Act(Step::RestartMember {
+                ordinal: 1,
+                member_id: 101
+            }))
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! The planner's answers: one step to take, or why none is taken.
+
+use std::fmt;
+
+/// A workload object the planner found missing or out of date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ObjectKind {
+    /// The management-side Secret with the CA and the controller's client identity.
+    Pki,
+    Namespace,
+    ServerTlsSecret,
+    PeerTlsSecret,
+    PeerService,
+    ClientService,
+    PodDisruptionBudget,
+    MembersConfigMap,
+    StatefulSet,
+}
+
+/// Why the controller refuses to act (reported as `Conflict=True`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Condition reason.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// A restore's snapshot that cannot be used, as the restore gate says it.
+impl From<etcdfleet_api::restore::Refusal> for Refusal {
+    fn from(r: etcdfleet_api::restore::Refusal) -> Self {
+        Refusal {
+            reason: r.reason,
+            message: r.message,
+        }
+    }
+}
+
+/// Why a member is removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemovalCause {
+    ScaleDown,
+    Failed,
+}
+
+/// One action on the workload cluster or on etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Create or rewrite workload objects (in this order).
+    WriteObjects(Vec<ObjectKind>),
+    /// Create the members ConfigMap (if missing) and the StatefulSet with these replicas.
+    Bootstrap {
+        replicas: u32,
+    },
+    /// Set StatefulSet replicas (start a pending member, or shrink after a removal).
+    ScaleStatefulSet {
+        replicas: u32,
+    },
+    /// Record on a PVC which member's data it holds, its owner and the etcd
+    /// version running on it.
+    RecordPvcMember {
+        ordinal: u32,
+        member_id: u64,
+        version: Option<String>,
+    },
+    /// Delete a member's pod and PVC: their data belongs to a removed member.
+    DeleteStaleStorage {
+        ordinal: u32,
+    },
+    /// Point the members ConfigMap at the grown cluster and `member add --learner`.
+    AddLearner {
+        ordinal: u32,
+    },
+    PromoteLearner {
+        ordinal: u32,
+        member_id: u64,
+    },
+    MoveLeader {
+        from: u64,
+        to: u64,
+    },
+    RemoveMember {
+        ordinal: Option<u32>,
+        member_id: u64,
+        cause: RemovalCause,
+    },
+    /// Delete the PVC of a member removed by a scale-down.
+    DeletePvc {
+        ordinal: u32,
+    },
+    /// Delete a pod so the StatefulSet recreates it from the current template.
+    RestartMember {
+        ordinal: u32,
+        member_id: u64,
+    },
+    /// After a NOSPACE alarm: compact the history, defragment every member
+    /// (followers first, leader last), then disarm the alarm.
+    RecoverFromNoSpace,
+    /// Defragment one member whose database is mostly free pages.
+    Defragment {
+        ordinal: u32,
+        member_id: u64,
+    },
+}
+
+impl Step {
+    /// Short name for events, metrics and `status.lastOperation.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::WriteObjects(_) => "WriteObjects",
+            Step::Bootstrap { .. } => "Bootstrap",
+            Step::ScaleStatefulSet { .. } => "ScaleStatefulSet",
+            Step::RecordPvcMember { .. } => "RecordPvcMember",
+            Step::DeleteStaleStorage { .. } => "DeleteStaleStorage",
+            Step::AddLearner { .. } => "AddLearner",
+            Step::PromoteLearner { .. } => "PromoteLearner",
+            Step::MoveLeader { .. } => "MoveLeader",
+            Step::RemoveMember { .. } => "RemoveMember",
+            Step::DeletePvc { .. } => "DeletePvc",
+            Step::RestartMember { .. } => "RestartMember",
+            Step::RecoverFromNoSpace => "RecoverFromNoSpace",
+            Step::Defragment { .. } => "Defragment",
+        }
+    }
+
+    /// Whether the step can lose data or availability if taken wrongly
+    /// (never taken in bootstrap mode).
+    pub fn is_destructive(&self) -> bool {
+        matches!(
+            self,
+            Step::RemoveMember { .. }
+                | Step::DeletePvc { .. }
+                | Step::DeleteStaleStorage { .. }
+                | Step::RestartMember { .. }
+        )
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::WriteObjects(kinds) => write!(f, "write {kinds:?}"),
+            Step::Bootstrap { replicas } => {
+                write!(
+                    f,
+                    "bootstrap: create the StatefulSet with {replicas} replica(s)"
+                )
+            }
+            Step::ScaleStatefulSet { replicas } => {
+                write!(f, "set StatefulSet replicas to {replicas}")
+            }
+            Step::RecordPvcMember {
+                ordinal,
+                member_id,
+                version,
+            } => {
+                write!(
+                    f,
+                    "record member {member_id:x}{} on the PVC of ordinal {ordinal}",
+                    version
+                        .as_ref()
+                        .map(|v| format!(" (etcd {v})"))
+                        .unwrap_or_default()
+                )
+            }
+            Step::DeleteStaleStorage { ordinal } => write!(
+                f,
+                "delete the pod and PVC of ordinal {ordinal}: they hold a removed member's data"
+            ),
+            Step::AddLearner { ordinal } => write!(f, "add member {ordinal} as a learner"),
+            Step::PromoteLearner { ordinal, member_id } => {
+                write!(f, "promote learner {member_id:x} (ordinal {ordinal})")
+            }
+            Step::MoveLeader { from, to } => write!(f, "move leadership from {from:x} to {to:x}"),
+            Step::RemoveMember {
+                ordinal,
+                member_id,
+                cause,
+            } => write!(
+                f,
+                "remove member {member_id:x} (ordinal {}) because of {}",
+                ordinal.map_or("unknown".to_string(), |o| o.to_string()),
+                match cause {
+                    RemovalCause::ScaleDown => "scale-down",
+                    RemovalCause::Failed => "failure",
+                }
+            ),
+            Step::DeletePvc { ordinal } => write!(f, "delete the PVC of removed ordinal {ordinal}"),
+            Step::RestartMember { ordinal, member_id } => write!(
+                f,
+                "restart member {member_id:x} (ordinal {ordinal}) onto the StatefulSet's image"
+            ),
+            Step::RecoverFromNoSpace => write!(
+                f,
+                "recover from the NOSPACE alarm: compact, defragment every member (leader last), disarm"
+            ),
+            Step::Defragment { ordinal, member_id } => {
+                write!(f, "defragment member {member_id:x} (ordinal {ordinal})")
+            }
+        }
+    }
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Take this step now.
+    Act(Step),
+    /// Not converged, but nothing is safe or useful to do now; what it waits
+    /// for usually happens by itself soon (a pod starting, a learner catching
+    /// up), so it is looked at again soon.
+    Wait(String),
+    /// Not converged, and nothing changes by itself: a person (or an outside
+    /// event) must act — quorum lost, a CORRUPT alarm, a member this
+    /// controller does not own, a step failing again and again. Looked at
+    /// again with exponential backoff, never in a loop.
+    Hold(String),
+    /// Nothing to do.
+    Converged,
+    /// Acting would harm data or another owner; nothing is done until a person
+    /// resolves it.
+    Refuse(Refusal),
+}

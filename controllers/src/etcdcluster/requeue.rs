@@ -1,0 +1,208 @@
+//! When a cluster is looked at again: soon while an operation is in flight,
+//! with exponential backoff while it is held or blocked, slowly (with
+//! jitter) when converged.
+
+use std::time::Duration;
+
+use etcdfleet_api::EtcdCluster;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+
+use super::context::{Context, Outcome, ReconcilerSettings, cluster_key};
+
+/// A cluster held for a person is looked at again after 1 s, then twice as
+/// long each time it is still held, up to `cap` (five converged polls); a
+/// refused or blocked one (bad spec, a conflict, a snapshot that fails its
+/// check) starts at `blocked_base` (the converged poll) and doubles the same
+/// way. A new generation (the spec changed) starts again. `None` (and the
+/// count forgotten) for any other outcome.
+pub fn held_requeue(
+    held: &std::sync::Mutex<std::collections::HashMap<String, (Option<i64>, u32)>>,
+    outcome: &Outcome,
+    cluster: &EtcdCluster,
+    blocked_base: Duration,
+    cap: Duration,
+) -> Option<Duration> {
+    let key = cluster_key(cluster);
+    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    let base = match outcome {
+        Outcome::Held(_) => Duration::from_secs(1),
+        Outcome::Blocked(_) => blocked_base,
+        _ => {
+            held.remove(&key);
+            return None;
+        }
+    };
+    let generation = cluster.metadata.generation;
+    let attempt = match held.get(&key) {
+        Some((g, n)) if *g == generation => n + 1,
+        _ => 0,
+    };
+    held.insert(key, (generation, attempt));
+    Some(held_delay(base, attempt, cap))
+}
+
+/// `base` × 2^attempt, at most `cap`.
+pub fn held_delay(base: Duration, attempt: u32, cap: Duration) -> Duration {
+    base.saturating_mul(1u32 << attempt.min(20)).min(cap)
+}
+
+/// While an operation is in flight, look again soon: 100 ms after a step
+/// (its effect is usually visible within that), then growing by half while the
+/// planner waits, up to `requeue_progress`. `None` once the cluster is
+/// converged, paused, blocked or gone (the slow poll applies).
+pub fn in_flight_requeue(
+    outcome: &Outcome,
+    ctx: &Context,
+    cluster: &EtcdCluster,
+) -> Option<Duration> {
+    let key = cluster_key(cluster);
+    let mut in_flight = ctx.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+    let attempt = match outcome {
+        Outcome::Acted(_) => 0,
+        Outcome::Waiting(_) => in_flight.get(&key).map_or(0, |n| n + 1),
+        _ => {
+            in_flight.remove(&key);
+            return None;
+        }
+    };
+    in_flight.insert(key, attempt);
+    Some(in_flight_delay(attempt, ctx.settings.requeue_progress))
+}
+
+/// 100 ms × 1.5^attempt, at most `cap`: growing slowly enough that a
+/// member becoming healthy is seen within half the time waited so far.
+pub fn in_flight_delay(attempt: u32, cap: Duration) -> Duration {
+    Duration::from_millis(100)
+        .mul_f64(1.5f64.powi(attempt.min(32) as i32))
+        .min(cap)
+}
+
+/// Requeue policy: soon while something is in flight, slowly (with jitter) when converged.
+pub fn requeue_for(
+    outcome: &Outcome,
+    settings: &ReconcilerSettings,
+    cluster: &EtcdCluster,
+) -> Action {
+    match outcome {
+        Outcome::Deleted => Action::await_change(),
+        Outcome::Acted(_) => Action::requeue(Duration::from_millis(200)),
+        Outcome::Waiting(_) => Action::requeue(settings.requeue_progress),
+        Outcome::Converged | Outcome::Paused(_) | Outcome::Blocked(_) | Outcome::Held(_) => {
+            Action::requeue(jitter(settings.requeue_converged, &cluster.name_any()))
+        }
+    }
+}
+
+/// Spreads periodic polls of many clusters over time (±20%, stable per cluster).
+pub fn jitter(base: Duration, key: &str) -> Duration {
+    let h = key.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
+    let permille = 800 + (h % 400);
+    base * permille as u32 / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcdcluster::plan::Step;
+
+    #[test]
+    fn a_held_cluster_backs_off_exponentially_until_its_spec_changes_or_it_moves() {
+        let held = std::sync::Mutex::default();
+        let (base, cap) = (Duration::from_secs(60), Duration::from_secs(300));
+        let mut cluster = EtcdCluster::new("c", Default::default());
+        cluster.metadata.namespace = Some("ns".into());
+        cluster.metadata.generation = Some(1);
+        let hold = Outcome::Held("quorum lost".into());
+        let delays: Vec<u64> = (0..11)
+            .map(|_| {
+                held_requeue(&held, &hold, &cluster, base, cap)
+                    .unwrap()
+                    .as_secs()
+            })
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        // A spec change (new generation) is looked at again soon.
+        cluster.metadata.generation = Some(2);
+        assert_eq!(
+            held_requeue(&held, &hold, &cluster, base, cap),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            held_requeue(&held, &hold, &cluster, base, cap),
+            Some(Duration::from_secs(2))
+        );
+        // Any other outcome forgets the count; the next hold starts again.
+        assert_eq!(
+            held_requeue(&held, &Outcome::Converged, &cluster, base, cap),
+            None
+        );
+        assert!(held.lock().unwrap().is_empty());
+        // Refused or blocked: from the converged poll, doubling to the cap.
+        let blocked = Outcome::Blocked("ObjectOwnedElsewhere".into());
+        let delays: Vec<u64> = (0..4)
+            .map(|_| {
+                held_requeue(&held, &blocked, &cluster, base, cap)
+                    .unwrap()
+                    .as_secs()
+            })
+            .collect();
+        assert_eq!(delays, [60, 120, 240, 300]);
+        held_requeue(&held, &Outcome::Converged, &cluster, base, cap);
+        assert_eq!(
+            held_requeue(&held, &hold, &cluster, base, cap),
+            Some(Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn in_flight_requeues_start_at_100ms_and_grow_by_half_up_to_the_progress_poll() {
+        let cap = Duration::from_secs(2);
+        let delays: Vec<u64> = (0..10)
+            .map(|n| in_flight_delay(n, cap).as_millis() as u64)
+            .collect();
+        assert_eq!(
+            delays,
+            vec![100, 150, 225, 337, 506, 759, 1139, 1708, 2000, 2000]
+        );
+        assert_eq!(in_flight_delay(u32::MAX, cap), cap);
+    }
+
+    #[test]
+    fn jitter_spreads_polls_within_twenty_percent_and_is_stable() {
+        let base = Duration::from_secs(60);
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..50 {
+            let key = format!("cluster-{i}");
+            let d = jitter(base, &key);
+            assert!(d >= base * 8 / 10 && d < base * 12 / 10, "{d:?}");
+            assert_eq!(d, jitter(base, &key), "stable per cluster");
+            seen.insert(d);
+        }
+        assert!(seen.len() > 10, "spread: {seen:?}");
+    }
+
+    #[test]
+    fn requeue_is_soon_while_acting_and_slow_when_converged() {
+        let settings = ReconcilerSettings::default();
+        let cluster = EtcdCluster::new("c", Default::default());
+        let converged = requeue_for(&Outcome::Converged, &settings, &cluster);
+        let acted = requeue_for(
+            &Outcome::Acted(Step::AddLearner { ordinal: 1 }),
+            &settings,
+            &cluster,
+        );
+        assert_eq!(acted, Action::requeue(Duration::from_millis(200)));
+        assert_eq!(
+            requeue_for(&Outcome::Waiting("x".into()), &settings, &cluster),
+            Action::requeue(settings.requeue_progress)
+        );
+        assert_ne!(converged, acted);
+        assert_eq!(
+            requeue_for(&Outcome::Deleted, &settings, &cluster),
+            Action::await_change()
+        );
+    }
+}
