@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools structure lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
+.PHONY: test tools rust-tools structure image previous-release lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
 
 tools:
 	./hack/install-tools.sh
@@ -12,10 +12,23 @@ tools:
 rust-tools:
 	@command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 
+# The controller image: a static etcdfleet binary alone in an OCI image
+# layout (FROM scratch, written by umoci), tagged v<workspace version>, in
+# target/image/oci. See hack/build-image.sh.
+image: tools
+	./hack/build-image.sh
+
+# The previous release's binary (CHANGELOG.md), built from its commit in a
+# worktree and cached by commit, for the upgrade test.
+previous-release:
+	./hack/build-release.sh previous
+
 # nextest runs every test (unit, integration, end to end, the real
 # control-plane tier) each in its own process, so a test's etcd and
 # Kubernetes processes never outlive it. The crates have no doc tests.
-test: structure tools rust-tools
+# The image and the previous release are built first: the image test, the
+# seeder of every restore and the upgrade test use them.
+test: structure tools rust-tools image previous-release
 	cargo nextest run --workspace --all-targets --no-fail-fast
 
 # The lifecycle and version suites with the controller reaching etcd only

@@ -10,6 +10,8 @@
 #   - moto[server] (PyPI), an S3-compatible server the backup tests run on
 #     loopback, in its own virtualenv .tools/moto-venv/ (never into the
 #     machine's Python, whose other packages pin other boto versions).
+#   - umoci and skopeo (Debian), which write and read the controller's OCI
+#     image (make image), and libc6-dev / binutils for its static binary;
 #   - upstream binaries built with the machine's Go from the Go module proxy
 #     (hack/upstream/build.sh, cached outside the clone, keyed by version):
 #     kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of
@@ -45,6 +47,13 @@ protobuf_includes_present || need_apt+=(libprotobuf-dev)
 [ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# The controller image (make image, hack/build-image.sh): umoci writes the
+# OCI layout, skopeo is the independent reader the image test uses, glibc's
+# static libc.a links the static binary, readelf checks it has no loader.
+command -v umoci >/dev/null 2>&1 || need_apt+=(umoci)
+command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
+[ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need_apt+=(libc6-dev)
+command -v readelf >/dev/null 2>&1 || need_apt+=(binutils)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-tools: installing Debian packages: ${need_apt[*]}"
@@ -145,6 +154,15 @@ kill "$moto_pid" 2>/dev/null || true
 wait "$moto_pid" 2>/dev/null || true
 [ "$moto_ok" = 1 ] || { tail -5 "$check_dir/moto.err" "$check_dir/moto.log" >&2; fail "moto_server does not serve signed S3 requests (PyPI moto[server])"; }
 echo "install-tools: ok moto_server $("$moto_venv/bin/python" -c 'import moto; print(moto.__version__)') serves signed S3 requests"
+# umoci must write an OCI layout that skopeo reads (what make image and
+# tests/tests/image.rs do).
+umoci init --layout "$check_dir/oci" >/dev/null 2>&1 || fail "umoci cannot write an OCI layout (Debian package umoci)"
+umoci new --image "$check_dir/oci:check" >/dev/null 2>&1 || fail "umoci cannot create an image (Debian package umoci)"
+skopeo inspect --config "oci:$check_dir/oci:check" >/dev/null 2>"$check_dir/skopeo.err" || {
+  cat "$check_dir/skopeo.err" >&2
+  fail "skopeo cannot read an OCI layout (Debian package skopeo)"
+}
+echo "install-tools: ok $(umoci --version) writes an OCI layout that $(skopeo --version) reads"
 # The built kubectl must render every stage overlay offline (what deploy.rs
 # tests), without warnings (deprecated kustomize fields).
 for stage in crd stages/dev stages/staging stages/prod; do

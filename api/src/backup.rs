@@ -52,7 +52,7 @@ pub mod condition {
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "etcdfleet.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "EtcdBackup",
     namespaced,
     status = "EtcdBackupStatus",
@@ -155,7 +155,7 @@ pub struct RetentionPolicy {
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "etcdfleet.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "EtcdBackupSchedule",
     namespaced,
     status = "EtcdBackupScheduleStatus",

@@ -1,5 +1,6 @@
-//! The etcdfleet `v1alpha1` API: the custom resource types, their conditions,
-//! template resolution and the version policy. Pure data and pure functions:
+//! The etcdfleet API (`v1beta1`, also served as `v1alpha1`): the custom
+//! resource types, their conditions, template resolution and the version
+//! policy. Pure data and pure functions:
 //! nothing in this crate performs I/O.
 
 pub mod backup;
@@ -19,7 +20,13 @@ pub use types::*;
 
 /// API group of every etcdfleet kind.
 pub const GROUP: &str = "etcdfleet.dev";
-/// API version of this crate's kinds.
-pub const VERSION: &str = "v1alpha1";
+/// API version of this crate's kinds: the version the controller speaks and
+/// the CRDs' storage version.
+pub const VERSION: &str = "v1beta1";
+/// Versions served beside [`VERSION`] with the same schema (no conversion
+/// webhook: the API server converts by rewriting `apiVersion`). Objects
+/// stored under them are rewritten by `etcdfleet migrate-storage`, after
+/// which a release may stop serving them.
+pub const ALSO_SERVED: &[&str] = &["v1alpha1"];
 /// Field manager the controller uses for server-side apply and status writes.
 pub const FIELD_MANAGER: &str = "etcdfleet-controller";

@@ -208,7 +208,7 @@ pub struct TemplateRef {
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "etcdfleet.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "EtcdCluster",
     namespaced,
     status = "EtcdClusterStatus",
@@ -289,7 +289,7 @@ pub struct EtcdClusterSpec {
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "etcdfleet.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "EtcdTemplate",
     namespaced,
     shortname = "etcdt",
@@ -320,7 +320,7 @@ pub struct EtcdTemplateSpec {
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "etcdfleet.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "ClusterEtcdTemplate",
     shortname = "cetcdt",
     category = "etcdfleet",

@@ -18,8 +18,19 @@ pub const GENERATED_HEADER: &str = "# Generated from the Rust types in api/ by `
 /// Name of the kustomization that lists the CRD files.
 pub const KUSTOMIZATION_FILE: &str = "kustomization.yaml";
 
-/// Every CRD etcdfleet serves, in a fixed order.
+/// Every CRD etcdfleet serves, in a fixed order: the storage version
+/// ([`etcdfleet_api::VERSION`]) and, with the same schema, every version of
+/// [`etcdfleet_api::ALSO_SERVED`] (served, not stored, deprecated).
 pub fn crds() -> Vec<CustomResourceDefinition> {
+    storage_version_crds()
+        .into_iter()
+        .map(|crd| with_also_served(crd, etcdfleet_api::ALSO_SERVED))
+        .collect()
+}
+
+/// The CRDs serving only the storage version: what a release that no
+/// longer serves the older versions installs (after `migrate-storage`).
+pub fn storage_version_crds() -> Vec<CustomResourceDefinition> {
     vec![
         EtcdCluster::crd(),
         EtcdTemplate::crd(),
@@ -27,6 +38,31 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         EtcdBackup::crd(),
         EtcdBackupSchedule::crd(),
     ]
+}
+
+/// `crd` (one version, the storage version) with `versions` served beside
+/// it under the identical schema. Identical schemas need no conversion
+/// webhook (`conversion: None`: the API server only rewrites `apiVersion`).
+pub fn with_also_served(
+    mut crd: CustomResourceDefinition,
+    versions: &[&str],
+) -> CustomResourceDefinition {
+    let storage = crd.spec.versions[0].clone();
+    let kind = crd.spec.names.kind.clone();
+    for version in versions {
+        let mut older = storage.clone();
+        older.name = version.to_string();
+        older.storage = false;
+        older.deprecated = Some(true);
+        older.deprecation_warning = Some(format!(
+            "{}/{version} {kind} is deprecated; use {}/{}",
+            etcdfleet_api::GROUP,
+            etcdfleet_api::GROUP,
+            storage.name
+        ));
+        crd.spec.versions.push(older);
+    }
+    crd
 }
 
 /// One generated file: its name in the CRD directory and its content.

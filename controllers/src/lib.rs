@@ -10,6 +10,7 @@ pub mod etcdcluster;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod names;
 pub mod pki;
 pub mod render;

@@ -14,7 +14,8 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn newest_mtime(dir: &Path) -> SystemTime {
+/// The newest modification time of any file under `dir`.
+pub fn newest_mtime(dir: &Path) -> SystemTime {
     let mut newest = SystemTime::UNIX_EPOCH;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return newest;
@@ -139,6 +140,18 @@ impl ControllerProcess {
         args: &[&str],
         adjust: impl FnOnce(&mut Command),
     ) -> Self {
+        Self::start_binary(&etcdfleet_binary(), name, kubeconfig_yaml, args, adjust)
+    }
+
+    /// As [`ControllerProcess::start_with`], running `binary` (another
+    /// release's build) instead of this build's.
+    pub fn start_binary(
+        binary: &Path,
+        name: &str,
+        kubeconfig_yaml: &str,
+        args: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, kubeconfig_yaml).expect("write kubeconfig");
@@ -147,7 +160,7 @@ impl ControllerProcess {
             .expect("loopback address");
         let stdout = std::fs::File::create(dir.path().join("stdout.log")).expect("log file");
         let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("log file");
-        let mut cmd = Command::new(etcdfleet_binary());
+        let mut cmd = Command::new(binary);
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(&kubeconfig)

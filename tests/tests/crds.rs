@@ -228,10 +228,23 @@ fn crds_are_v1_with_subresources_and_columns() {
         assert_eq!(crd["apiVersion"], "apiextensions.k8s.io/v1", "{name}");
         assert_eq!(crd["spec"]["group"], "etcdfleet.dev");
         let versions = crd["spec"]["versions"].as_array().unwrap();
-        assert_eq!(versions.len(), 1);
-        assert_eq!(versions[0]["name"], "v1alpha1");
+        assert_eq!(versions.len(), 2);
+        assert_eq!(versions[0]["name"], "v1beta1");
         assert_eq!(versions[0]["served"], true);
         assert_eq!(versions[0]["storage"], true);
+        // v1alpha1 (v0.1.0's) is served beside it, deprecated, with the
+        // identical schema, subresources and columns: the API server
+        // converts by rewriting apiVersion, no webhook.
+        assert_eq!(versions[1]["name"], "v1alpha1");
+        assert_eq!(versions[1]["served"], true);
+        assert_eq!(versions[1]["storage"], false);
+        assert_eq!(versions[1]["deprecated"], true);
+        for field in ["schema", "subresources", "additionalPrinterColumns"] {
+            assert_eq!(versions[0][field], versions[1][field], "{name}: {field}");
+        }
+        assert!(
+            crd["spec"]["conversion"].is_null() || crd["spec"]["conversion"]["strategy"] == "None"
+        );
         let columns = versions[0]["additionalPrinterColumns"].as_array().unwrap();
         assert!(
             columns.iter().any(|c| c["name"] == "Version")

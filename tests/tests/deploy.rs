@@ -221,14 +221,107 @@ fn assert_controller_grants(role: &Value) {
     assert_eq!(grants, expected, "{role:?}");
 }
 
+/// The workload RBAC (`config/workload-rbac`) is a Role in the etcd
+/// namespace, nothing cluster-wide, bound to the User the real tier uses and
+/// to the bundle's ServiceAccount; the README's permissions section names
+/// exactly its grants and the kubectl command that makes the
+/// ServiceAccount's token.
+#[test]
+fn workload_rbac_is_a_role_in_the_etcd_namespace_and_the_readme_says_so() {
+    let docs: Vec<Value> = documents()
+        .into_iter()
+        .filter(|(path, _)| path.components().any(|c| c.as_os_str() == "workload-rbac"))
+        .filter(|(_, d)| d["kind"] != "Kustomization")
+        .map(|(_, d)| d)
+        .collect();
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert!(
+        !kinds.iter().any(|k| k.starts_with("Cluster")),
+        "nothing cluster-wide: {kinds:?}"
+    );
+    let role = docs.iter().find(|d| d["kind"] == "Role").expect("a Role");
+    assert_eq!(role["metadata"]["namespace"].as_str(), Some("etcd-system"));
+    let binding = docs.iter().find(|d| d["kind"] == "RoleBinding").unwrap();
+    assert_eq!(
+        binding["metadata"]["namespace"].as_str(),
+        Some("etcd-system")
+    );
+    assert_eq!(binding["roleRef"]["kind"].as_str(), Some("Role"));
+    let ns = docs.iter().find(|d| d["kind"] == "Namespace").unwrap();
+    assert_eq!(ns["metadata"]["name"].as_str(), Some("etcd-system"));
+    // Bound: the User of the real tier's kubeconfigs, and the bundle's
+    // ServiceAccount, whose token a user makes with kubectl alone.
+    let sa = docs
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount")
+        .expect("a ServiceAccount");
+    assert_eq!(sa["metadata"]["name"].as_str(), Some("etcdfleet"));
+    assert_eq!(sa["metadata"]["namespace"].as_str(), Some("etcd-system"));
+    let subjects: Vec<(&str, &str, Option<&str>)> = binding["subjects"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["kind"].as_str().unwrap(),
+                s["name"].as_str().unwrap(),
+                s["namespace"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        subjects,
+        [
+            ("User", "etcdfleet-controller", None),
+            ("ServiceAccount", "etcdfleet", Some("etcd-system")),
+        ]
+    );
+
+    // The README lists every grant as `resource: verbs`.
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section = readme
+        .split("**In each workload cluster**")
+        .nth(1)
+        .expect("README section 'In each workload cluster'");
+    let command = "kubectl -n etcd-system create token etcdfleet --duration=8760h";
+    let flat = section.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains(&format!("`{command}`")),
+        "README's workload permissions lack `{command}`"
+    );
+    let section = &section[..section.find("\n\n").unwrap_or(section.len())];
+    let section = section.split_whitespace().collect::<Vec<_>>().join(" ");
+    for rule in role["rules"].as_sequence().unwrap() {
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for resource in rule["resources"].as_sequence().unwrap() {
+            let line = format!("`{}`: {}", resource.as_str().unwrap(), verbs.join(", "));
+            assert!(
+                section.contains(&line),
+                "README's workload permissions lack `{line}`:\n{section}"
+            );
+        }
+    }
+}
+
 #[test]
 fn controller_rbac_is_least_privilege_in_both_modes() {
     let docs = documents();
-    // The management cluster's roles (config/workload-rbac holds the one the
-    // kubeconfig identity needs in workload clusters, enforced by the test API).
+    // The controller's roles in the management cluster (config/workload-rbac
+    // holds the one the kubeconfig identity needs in workload clusters,
+    // enforced by the test API; config/storage-migration the one-off
+    // migration's own, bound to its own ServiceAccount).
     let cluster_roles: Vec<_> = of_kind(&docs, "ClusterRole")
         .into_iter()
-        .filter(|(path, _)| !path.components().any(|c| c.as_os_str() == "workload-rbac"))
+        .filter(|(path, _)| {
+            !path
+                .components()
+                .any(|c| c.as_os_str() == "workload-rbac" || c.as_os_str() == "storage-migration")
+        })
         .collect();
     let named = |name: &str| {
         cluster_roles
@@ -287,12 +380,14 @@ fn controller_rbac_is_least_privilege_in_both_modes() {
     assert_eq!(grants_of(&lease.1).len(), 1);
 
     // Management bindings point at the controller's ServiceAccount (the
-    // workload binding names the kubeconfig's user instead).
+    // workload binding names the kubeconfig's user instead; the storage
+    // migration binds its own ServiceAccount, never the controller's).
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
-        for (_, b) in of_kind(&docs, kind)
-            .into_iter()
-            .filter(|(path, _)| !path.components().any(|c| c.as_os_str() == "workload-rbac"))
-        {
+        for (_, b) in of_kind(&docs, kind).into_iter().filter(|(path, _)| {
+            !path
+                .components()
+                .any(|c| c.as_os_str() == "workload-rbac" || c.as_os_str() == "storage-migration")
+        }) {
             let subject = &b["subjects"][0];
             assert_eq!(subject["kind"].as_str(), Some("ServiceAccount"));
             assert_eq!(subject["name"].as_str(), Some("etcdfleet-controller"));
@@ -514,8 +609,9 @@ fn stages_own_disjoint_clusters() {
         .filter_map(|p| p["path"].as_str())
         .collect();
     assert!(patches.contains(&"replicas.yaml"), "{patches:?}");
-    tags.dedup();
-    assert_eq!(tags.len(), 3, "each stage pins its own image tag: {tags:?}");
+    // Which tags they pin (a recorded release, promoted in order) is
+    // tests/tests/releases.rs.
+    assert_eq!(tags.len(), 3, "each stage pins an image tag: {tags:?}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ use etcdfleet_controllers::connector::{ConnectError, KubeconfigLocation, check_k
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::{Fleet, KubeconfigFault};
 use etcdfleet_tests::runtime::WorkloadRuntime;
+use etcdfleet_tests::scenario::WORKLOAD_NS;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret};
 use kube::Client;
@@ -522,17 +523,19 @@ async fn recorder_sees_the_controller_calls_and_outages_fail_them() -> Result<()
     };
     assert!(err.contains("gamma.workload.test"), "{err}");
 
+    // In the etcd namespace, the only one the workload identity's Role
+    // (config/workload-rbac) grants anything in.
     let cm: ConfigMap =
-        serde_json::from_value(json!({ "metadata": { "name": "x", "namespace": NS } }))?;
-    Api::<ConfigMap>::namespaced(alpha.clone(), NS)
+        serde_json::from_value(json!({ "metadata": { "name": "x", "namespace": WORKLOAD_NS } }))?;
+    Api::<ConfigMap>::namespaced(alpha.clone(), WORKLOAD_NS)
         .create(&PostParams::default(), &cm)
         .await?;
-    Api::<Pod>::namespaced(alpha.clone(), NS)
+    Api::<Pod>::namespaced(alpha.clone(), WORKLOAD_NS)
         .list(&ListParams::default())
         .await?;
     // The runtime and the test's own client are not recorded.
     fleet.sync_all().await?;
-    Api::<Pod>::namespaced(fleet.workload_client("alpha"), NS)
+    Api::<Pod>::namespaced(fleet.workload_client("alpha"), WORKLOAD_NS)
         .list(&ListParams::default())
         .await?;
 
@@ -582,7 +585,7 @@ async fn recorder_sees_the_controller_calls_and_outages_fail_them() -> Result<()
     // An outage of alpha fails the controller's calls with a server error;
     // beta and the test's own view are unaffected.
     fleet.set_unreachable("alpha", true);
-    let err = Api::<Pod>::namespaced(alpha.clone(), NS)
+    let err = Api::<Pod>::namespaced(alpha.clone(), WORKLOAD_NS)
         .list(&ListParams::default())
         .await
         .unwrap_err();
@@ -594,15 +597,15 @@ async fn recorder_sees_the_controller_calls_and_outages_fail_them() -> Result<()
         ConnectError::from_workload(&server, &err),
         ConnectError::Unreachable { .. }
     ));
-    Api::<Pod>::namespaced(fleet.controller_workload_client("beta"), NS)
+    Api::<Pod>::namespaced(fleet.controller_workload_client("beta"), WORKLOAD_NS)
         .list(&ListParams::default())
         .await?;
-    Api::<Pod>::namespaced(fleet.workload_client("alpha"), NS)
+    Api::<Pod>::namespaced(fleet.workload_client("alpha"), WORKLOAD_NS)
         .list(&ListParams::default())
         .await?;
     assert!(fleet.ops()[0].rejected);
     fleet.set_unreachable("alpha", false);
-    Api::<Pod>::namespaced(alpha, NS)
+    Api::<Pod>::namespaced(alpha, WORKLOAD_NS)
         .list(&ListParams::default())
         .await?;
     Ok(())

@@ -13,7 +13,7 @@ fn cluster_crd() -> CustomResourceDefinition {
 
 fn cluster(spec: Value) -> Value {
     json!({
-        "apiVersion": "etcdfleet.dev/v1alpha1",
+        "apiVersion": "etcdfleet.dev/v1beta1",
         "kind": "EtcdCluster",
         "metadata": { "name": "shop", "namespace": "fleet" },
         "spec": spec,
@@ -68,12 +68,12 @@ fn a_well_formed_cluster_is_accepted_unchanged() {
     for (crd, obj) in [
         (
             EtcdTemplate::crd(),
-            json!({ "apiVersion": "etcdfleet.dev/v1alpha1", "kind": "EtcdTemplate",
+            json!({ "apiVersion": "etcdfleet.dev/v1beta1", "kind": "EtcdTemplate",
                 "metadata": { "name": "small", "namespace": "fleet" }, "spec": { "replicas": 3 } }),
         ),
         (
             ClusterEtcdTemplate::crd(),
-            json!({ "apiVersion": "etcdfleet.dev/v1alpha1", "kind": "ClusterEtcdTemplate",
+            json!({ "apiVersion": "etcdfleet.dev/v1beta1", "kind": "ClusterEtcdTemplate",
                 "metadata": { "name": "base" }, "spec": { "version": "3.5.1" } }),
         ),
     ] {
@@ -102,7 +102,7 @@ fn each_kind_of_rule_rejects_with_the_api_servers_field_error() {
             },
             "apiVersion",
             "FieldValueNotSupported",
-            "Unsupported value: \"etcdfleet.dev/v9\": supported values: \"etcdfleet.dev/v1alpha1\"",
+            "Unsupported value: \"etcdfleet.dev/v9\": supported values: \"etcdfleet.dev/v1beta1\"",
         ),
         (
             "wrong kind",

@@ -4,7 +4,11 @@
 //!   endpoints, optional Lease leader election, one watch per namespace);
 //! - `render`: offline, what the controller would write for a cluster;
 //! - `plan`: offline, what the controller would do next for clusters as
-//!   `kubectl get -o yaml` shows them.
+//!   `kubectl get -o yaml` shows them;
+//! - `migrate-storage`: rewrites every stored etcdfleet object at the CRDs'
+//!   storage version and trims `status.storedVersions`;
+//! - `restore-seed` / `install-seeder`: the init containers of a restoring
+//!   member (run from this binary inside the etcd image).
 //!
 //! The wiring is thin on purpose: decisions live in the library (`run` is
 //! `etcdfleet_controllers::runner`).
@@ -85,6 +89,26 @@ enum Command {
     /// ETCDFLEET_RESTORE_SESSION_TOKEN.
     #[command(verbatim_doc_comment)]
     RestoreSeed(Box<SeedArgs>),
+    /// Rewrite every stored etcdfleet object at its CRD's storage version,
+    /// then trim the CRDs' status.storedVersions to it.
+    ///
+    /// Run once after installing a release whose CRDs changed the storage
+    /// version (v1alpha1 -> v1beta1), before installing one that no longer
+    /// serves the old version. Changes no object's meaning; idempotent.
+    /// Needs the RBAC of config/storage-migration.
+    #[command(verbatim_doc_comment)]
+    MigrateStorage {
+        /// Kubeconfig of the management cluster [default: in-cluster, $KUBECONFIG or ~/.kube/config].
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
+    /// Resolve a host name as the controller's clients do and print its
+    /// addresses (a support check: does this image resolve names here?).
+    #[command(hide = true)]
+    Resolve {
+        /// Host name.
+        host: String,
+    },
     /// Copy this etcdfleet binary to a path (mode 0755).
     ///
     /// The first init container of a restoring member runs it from the
@@ -282,6 +306,8 @@ fn main() -> ExitCode {
             member_failure_grace_seconds,
         } => plan(&files, member_failure_grace_seconds),
         Command::RestoreSeed(args) => restore_seed(&args),
+        Command::MigrateStorage { kubeconfig } => current_thread(migrate_storage(kubeconfig)),
+        Command::Resolve { host } => current_thread(resolve(host)),
         Command::InstallSeeder { dest } => {
             match etcdfleet_controllers::restore::seed::install_self(&dest) {
                 Ok(bytes) => {
@@ -293,6 +319,59 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// Runs `f` on a single-threaded runtime (the short-lived subcommands).
+fn current_thread(f: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(f),
+        Err(e) => {
+            eprintln!("error: tokio runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn migrate_storage(kubeconfig: Option<PathBuf>) -> ExitCode {
+    use etcdfleet_controllers::migrate;
+    let client = match migrate::client(kubeconfig.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_INPUT_ERROR);
+        }
+    };
+    match migrate::migrate_storage(&client).await {
+        Ok(report) => {
+            for crd in report {
+                println!("migrate-storage: {crd}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("migrate-storage: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves `host` with tokio's resolver (getaddrinfo, as hyper's connector
+/// and reqwest use): in the static image, glibc's built-in files and dns.
+async fn resolve(host: String) -> ExitCode {
+    match tokio::net::lookup_host((host.as_str(), 0)).await {
+        Ok(addrs) => {
+            let addrs: Vec<String> = addrs.map(|a| a.ip().to_string()).collect();
+            println!("{host}: {}", addrs.join(" "));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("resolve {host}: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -501,7 +501,7 @@ async fn write_materialized(
     }
     merge_json(&mut spec, &values_json);
     let apply = serde_json::json!({
-        "apiVersion": "etcdfleet.dev/v1alpha1",
+        "apiVersion": EtcdCluster::api_version(&()),
         "kind": "EtcdCluster",
         "metadata": { "name": cluster.name_any() },
         "spec": spec,

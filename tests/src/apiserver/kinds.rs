@@ -31,6 +31,22 @@ pub struct Kind {
 }
 
 impl Kind {
+    /// Whether a request for `group`/`version`/`resource` reaches this
+    /// kind: its own version, or another version its CRD serves.
+    pub fn serves(&self, group: &str, version: &str, resource: &str) -> bool {
+        if self.group != group || self.resource != resource {
+            return false;
+        }
+        self.version == version
+            || self.crd.as_ref().is_some_and(|crd| {
+                crd["spec"]["versions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|v| v["name"] == version && v["served"].as_bool().unwrap_or(true))
+            })
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.clone()
@@ -121,7 +137,11 @@ pub fn builtins() -> Vec<Kind> {
     ]
 }
 
-/// One kind per served version of a CustomResourceDefinition.
+/// The kind of a CustomResourceDefinition's storage version. Its other
+/// served versions (same schema, no conversion webhook) reach the same
+/// objects ([`Kind::serves`]); objects are answered at the storage version
+/// (a real API server would convert them to the version asked for: the
+/// real tier tests that).
 pub fn from_crd(crd: &Value) -> Vec<Kind> {
     let spec = &crd["spec"];
     let group = spec["group"].as_str().unwrap_or_default();
@@ -132,7 +152,7 @@ pub fn from_crd(crd: &Value) -> Vec<Kind> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|v| v["served"].as_bool().unwrap_or(true))
+        .filter(|v| v["served"].as_bool().unwrap_or(true) && v["storage"].as_bool().unwrap_or(true))
         .map(|v| {
             let sub = &v["subresources"];
             Kind {

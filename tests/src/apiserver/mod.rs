@@ -171,7 +171,7 @@ impl Inner {
         let kind = store
             .kinds
             .iter()
-            .position(|k| k.group == group && k.version == version && k.resource == resource)?;
+            .position(|k| k.serves(group, version, resource))?;
         Some(Target {
             kind,
             namespace: namespace.map(str::to_string),
@@ -273,7 +273,16 @@ impl Inner {
             group: kind.group.clone(),
             resource: kind.resource.clone(),
             subresource: t.subresource.clone(),
-            namespace: t.namespace.clone(),
+            // As kube-apiserver's request info: a request for one
+            // namespace (`/api/v1/namespaces/<ns>`) is in that namespace,
+            // so a Role there can grant it.
+            namespace: match (
+                &t.namespace,
+                kind.group.is_empty() && kind.resource == "namespaces",
+            ) {
+                (None, true) => t.name.clone(),
+                (ns, _) => ns.clone(),
+            },
             name: t.name.clone(),
         };
         if self.rbac.lock().expect("rbac lock").allows(&attrs) {
@@ -502,8 +511,17 @@ impl ApiServer {
             all.extend(kinds::from_crd(&crd));
         }
         let mut rbac = Rbac::default();
+        // Namespaces the RBAC bundles create (the workload RBAC ships the
+        // etcd namespace its Role lives in), as `kubectl apply -k` would.
+        let mut bundled_namespaces = Vec::new();
         for dir in rbac_dirs {
-            rbac.add_documents(&kinds::yaml_documents(dir)?);
+            let docs = kinds::yaml_documents(dir)?;
+            bundled_namespaces.extend(
+                docs.iter()
+                    .filter(|d| d["kind"] == "Namespace")
+                    .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_string)),
+            );
+            rbac.add_documents(&docs);
         }
         let mut store = Store::new(all);
         // The namespaces every cluster starts with.
@@ -512,7 +530,12 @@ impl ApiServer {
             .iter()
             .position(|k| k.group.is_empty() && k.resource == "namespaces")
             .expect("namespaces are a built-in kind");
-        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let defaults = ["default", "kube-system", "kube-public", "kube-node-lease"];
+        for ns in defaults
+            .iter()
+            .copied()
+            .chain(bundled_namespaces.iter().map(String::as_str))
+        {
             let t = Target {
                 kind: ns_kind,
                 namespace: None,

@@ -222,6 +222,7 @@ pub struct ControlPlane {
     ca_pem: String,
     admin_token: String,
     tokens: Vec<(String, String)>,
+    etcd_prefix: String,
     dir: Option<tempfile::TempDir>,
     path: PathBuf,
     apiserver: EtcdProcess,
@@ -256,7 +257,9 @@ impl ControlPlane {
         std::fs::write(path.join("audit-policy.yaml"), AUDIT_POLICY)?;
         let port = free_ports(1)?[0];
         let url = format!("https://127.0.0.1:{port}");
-        let args = apiserver_args(&path, storage, name, port);
+        // Unique per plane and per run: planes of one process share the etcd.
+        let etcd_prefix = format!("/{name}-{:08x}", random_u64() as u32);
+        let args = apiserver_args(&path, storage, &etcd_prefix, port);
         let apiserver = spawn(binaries.apiserver(), args, &path.join("kube-apiserver.log"))?;
         let mut plane = ControlPlane {
             name: name.to_string(),
@@ -264,6 +267,7 @@ impl ControlPlane {
             ca_pem: pki.ca_pem,
             admin_token: tokens[0].1.clone(),
             tokens,
+            etcd_prefix,
             dir: Some(dir),
             path,
             apiserver,
@@ -368,6 +372,12 @@ impl ControlPlane {
     /// The CA that signed the API server's certificate.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
+    }
+
+    /// The key prefix this plane's API server stores objects under in the
+    /// storage etcd (`--etcd-prefix`).
+    pub fn etcd_prefix(&self) -> &str {
+        &self.etcd_prefix
     }
 
     /// Where this plane's files and logs are.
@@ -524,12 +534,11 @@ fn write_token_file(dir: &Path, tokens: &[(String, String)], users: &[User]) -> 
     Ok(())
 }
 
-fn apiserver_args(dir: &Path, storage: &StorageEtcd, name: &str, port: u16) -> Vec<String> {
+fn apiserver_args(dir: &Path, storage: &StorageEtcd, etcd_prefix: &str, port: u16) -> Vec<String> {
     let file = |f: &str| dir.join(f).display().to_string();
     vec![
         format!("--etcd-servers={}", storage.url()),
-        // Unique per plane and per run: planes of one process share the etcd.
-        format!("--etcd-prefix=/{name}-{:08x}", random_u64() as u32),
+        format!("--etcd-prefix={etcd_prefix}"),
         "--bind-address=127.0.0.1".into(),
         "--advertise-address=127.0.0.1".into(),
         format!("--secure-port={port}"),

@@ -96,7 +96,10 @@ pub async fn etcd_of(
     members: u32,
 ) -> Result<(Vec<String>, EtcdClientConfig)> {
     let names = Names::new(name, WORKLOAD_NS);
-    let cluster = get(world, name).await?;
+    // Only its namespace is read: no GET at this build's API version, which
+    // an older release's CRDs do not serve.
+    let mut cluster = EtcdCluster::new(name, Default::default());
+    cluster.metadata.namespace = Some(NS.into());
     let pki = read_pki(&world.management.admin_client().await?, &cluster, &names)
         .await?
         .context("no PKI secret")?;
@@ -167,6 +170,13 @@ pub async fn installed_world(workloads: &[&str]) -> Result<Option<KubeWorld>> {
     let Some(world) = installed_world_running(workloads).await? else {
         return Ok(None);
     };
+    stop_installed_controller(&world)?;
+    Ok(Some(world))
+}
+
+/// Scales the installed controller Deployment to zero and waits until its
+/// pod is gone, so the test's own controller is the only one acting.
+pub fn stop_installed_controller(world: &KubeWorld) -> Result<()> {
     world.kubectl(&[
         "scale",
         "-n",
@@ -185,7 +195,7 @@ pub async fn installed_world(workloads: &[&str]) -> Result<Option<KubeWorld>> {
         "app.kubernetes.io/component=controller",
         "--timeout=60s",
     ])?;
-    Ok(Some(world))
+    Ok(())
 }
 
 /// Like [`installed_world`], with the installed controller Deployment left

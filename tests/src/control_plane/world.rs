@@ -80,6 +80,17 @@ impl KubeWorld {
     /// Starts the planes (concurrently) and the kubelets, and prints the
     /// Kubernetes version so every suite log names it.
     pub async fn start(binaries: KubeBinaries, workload_names: &[&str]) -> Result<KubeWorld> {
+        Self::start_with_images(binaries, workload_names, ImageTable::installed()).await
+    }
+
+    /// As [`KubeWorld::start`], with every kubelet (management and workload)
+    /// mapping images through `images` (e.g. another release's controller
+    /// image beside this build's).
+    pub async fn start_with_images(
+        binaries: KubeBinaries,
+        workload_names: &[&str],
+        images: ImageTable,
+    ) -> Result<KubeWorld> {
         let version = binaries.version()?;
         eprintln!("real control planes: {version}");
         let storage = StorageEtcd::start(&newest_built_etcd()?.etcd).await?;
@@ -110,11 +121,19 @@ impl KubeWorld {
             "management",
             MANAGEMENT_NODES,
             &kubelet_version,
+            images.clone(),
         )
         .await?;
         let mut workloads = BTreeMap::new();
         for (name, plane) in workload_names.iter().zip(planes) {
-            let kubelet = Kubelet::start(&plane, name, NODES_PER_CLUSTER, &kubelet_version).await?;
+            let kubelet = Kubelet::start(
+                &plane,
+                name,
+                NODES_PER_CLUSTER,
+                &kubelet_version,
+                images.clone(),
+            )
+            .await?;
             let runtime = kubelet.runtime.clone();
             workloads.insert(
                 name.to_string(),
@@ -139,6 +158,12 @@ impl KubeWorld {
         self.workloads
             .get(name)
             .unwrap_or_else(|| panic!("no workload cluster {name:?} in this world"))
+    }
+
+    /// The client URL of the etcd every API server of this world stores
+    /// its objects in (each under [`ControlPlane::etcd_prefix`]).
+    pub fn storage_url(&self) -> &str {
+        self._storage.url()
     }
 
     pub fn workload_names(&self) -> Vec<String> {
@@ -273,19 +298,20 @@ impl KubeWorld {
 
 impl Kubelet {
     /// Registers `count` Nodes named `<name>-node-<i>` on `plane` and runs
-    /// their pods.
+    /// their pods, with images mapped through `images`.
     async fn start(
         plane: &ControlPlane,
         name: &str,
         count: usize,
         version: &str,
+        images: ImageTable,
     ) -> Result<Kubelet> {
         let admin = plane.admin_client().await?;
         let nodes: Vec<String> = (0..count).map(|i| format!("{name}-node-{i}")).collect();
         let runtime = Arc::new(WorkloadRuntime::for_nodes(
             plane.url(),
             admin.clone(),
-            ImageTable::installed(),
+            images,
             &nodes,
         )?);
         let api = KubeletServer::start(

@@ -281,19 +281,24 @@ impl ImageTable {
     }
 
     /// Maps every tag of the controller's image ([`CONTROLLER_IMAGE_REPOSITORY`],
-    /// which [`SEEDER_IMAGE`] is one of) onto the etcdfleet binary of this
-    /// build, when it was built: its entrypoint (a Deployment's pod runs
-    /// `etcdfleet run`) and its `etcdfleet` command (the seeder init container).
+    /// which [`SEEDER_IMAGE`] is one of) onto the binary inside the image
+    /// `make image` built ([`crate::image::BuiltImage`]), unpacked from its
+    /// OCI layout, when it is current, else onto the etcdfleet binary of this
+    /// build: its entrypoint (a Deployment's pod runs `etcdfleet run`) and
+    /// its `etcdfleet` command (the seeder init container, which so runs the
+    /// image's own static binary). Nothing when neither was built.
     pub fn with_seeder(self) -> Self {
+        let image = crate::image::BuiltImage::locate();
         let exe = std::env::current_exe().ok();
-        let bin = exe
+        let build = exe
             .as_deref()
             .and_then(Path::parent)
             .and_then(Path::parent)
-            .map(|dir| dir.join("etcdfleet"));
-        match bin {
-            Some(bin) if bin.is_file() => self.with_controller_image(bin),
-            _ => self,
+            .map(|dir| dir.join("etcdfleet"))
+            .filter(|bin| bin.is_file());
+        match image.current_binary().or(build) {
+            Some(bin) => self.with_controller_image(bin),
+            None => self,
         }
     }
 
@@ -842,6 +847,15 @@ impl WorkloadRuntime {
     /// The IP of pod `namespace/pod` (assigned once the runtime saw the pod).
     pub fn pod_ip(&self, namespace: &str, pod: &str) -> Option<Ipv4Addr> {
         self.resolve(&format!("{pod}.{namespace}.pod"))
+    }
+
+    /// The executable a pod's running process is (its `/proc/<pid>/exe`: the
+    /// runtime execs the binary its image maps to), if it runs.
+    pub async fn pod_executable(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
+        let state = self.inner.state.lock().await;
+        let run = state.pods.get(&(namespace.to_string(), pod.to_string()))?;
+        let process = run.process.as_ref().filter(|p| p.is_running())?;
+        fs::read_link(format!("/proc/{}/exe", process.pid())).ok()
     }
 
     /// SIGKILLs a pod's process; the next syncs restart it (restartCount + 1).

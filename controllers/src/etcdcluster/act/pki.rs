@@ -56,7 +56,7 @@ pub(super) async fn create_pki(cluster: &EtcdCluster, ctx: &Context, names: &Nam
         CERT_VALIDITY_DAYS,
     ))?;
     let owner = OwnerReference {
-        api_version: "etcdfleet.dev/v1alpha1".into(),
+        api_version: EtcdCluster::api_version(&()).into_owned(),
         kind: "EtcdCluster".into(),
         name: cluster.name_any(),
         uid: cluster.meta().uid.clone().unwrap_or_default(),

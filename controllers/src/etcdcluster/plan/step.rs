@@ -144,7 +144,8 @@ impl Step {
             | Step::MoveLeader { .. }
             | Step::RemoveMember { .. }
             | Step::DeletePvc { .. }
-            | Step::RecoverFromNoSpace => None,
+            | Step::RecoverFromNoSpace
+            | Step::Version(_) => None,
         }
     }
 

@@ -374,6 +374,7 @@ mod fixtures {
             member_id: Some(100 + u64::from(o)),
             owner_recorded: true,
             etcd_version: Some(version.into()),
+            deleting: false,
         };
         Observation {
             tls: true,

@@ -1,0 +1,355 @@
+//! The controller image `make image` builds (`hack/build-image.sh`):
+//!
+//! - standard tools read it: `skopeo inspect` (manifest and config) and
+//!   `umoci` (the tag in the layout); it is tagged with the workspace version,
+//!   the tag the manifests deploy, and holds one layer with one file;
+//! - its binary is static and runs in an empty root: it starts there, and
+//!   resolves names from `/etc/hosts` and through `/etc/resolv.conf` (a DNS
+//!   server of the test on a loopback address), as the controller must for
+//!   workload API servers named in kubeconfigs;
+//! - the seeder's two init containers run as they do in a pod, each in a
+//!   root of its own: `install-seeder` from the image's root filesystem
+//!   copies the binary into an emptyDir, and `restore-seed` runs that copy
+//!   inside a bare etcd image layout (nothing but `etcdutl`, no libc, no
+//!   shell) and restores a real etcd 3.5 snapshot into the data volume
+//!   (`restore_seed.rs` shows etcd serving every key of such a restore);
+//! - the test world's image table runs the seeder from this image.
+
+use std::net::{Ipv4Addr, UdpSocket};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use etcdfleet_api::ObjectStoreDestination;
+use etcdfleet_controllers::etcd::ClusterClient;
+use etcdfleet_controllers::store::Store;
+use etcdfleet_tests::etcd_harness::{
+    ClusterOptions, EtcdBinary, EtcdVersion, LocalEtcdCluster, random_u64, require_etcd,
+};
+use etcdfleet_tests::image::{BuiltImage, require_image};
+use etcdfleet_tests::runtime::{ImageTable, SEEDER_IMAGE};
+use serde_json::Value;
+
+fn run(cmd: &mut Command) -> Result<Output> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out)
+}
+
+fn json_of(cmd: &mut Command) -> Result<Value> {
+    Ok(serde_json::from_slice(&run(cmd)?.stdout)?)
+}
+
+/// Runs `program args` chrooted into `root`, in a private mount namespace
+/// where each `(host dir, path in root)` is bind-mounted and `/proc` is
+/// mounted (as a container runtime does).
+fn in_root(root: &Path, binds: &[(&Path, &str)], program: &str, args: &[&str]) -> Command {
+    let mut script =
+        String::from("set -e\nmkdir -p \"$ROOT/proc\"\nmount -t proc proc \"$ROOT/proc\"\n");
+    for (i, _) in binds.iter().enumerate() {
+        script.push_str(&format!(
+            "mkdir -p \"$ROOT$T{i}\"\nmount --bind \"$S{i}\" \"$ROOT$T{i}\"\n"
+        ));
+    }
+    script.push_str("exec chroot \"$ROOT\" \"$@\"\n");
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "sh", "-c", &script, "sh", program])
+        .args(args)
+        .env_clear()
+        .env("ROOT", root)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin");
+    for (i, (source, target)) in binds.iter().enumerate() {
+        cmd.env(format!("S{i}"), source)
+            .env(format!("T{i}"), target);
+    }
+    cmd
+}
+
+#[test]
+fn standard_tools_read_the_image_and_it_carries_the_release_tag() -> Result<()> {
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let reference = format!("oci:{}:{}", image.layout().display(), image.tag);
+    let manifest = json_of(Command::new("skopeo").args(["inspect", &reference]))?;
+    assert_eq!(manifest["Architecture"], "amd64");
+    assert_eq!(manifest["Os"], "linux");
+    assert_eq!(
+        manifest["Labels"]["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(manifest["Layers"].as_array().map(Vec::len), Some(1));
+    let config = json_of(Command::new("skopeo").args(["inspect", "--config", &reference]))?;
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(["/etcdfleet"])
+    );
+    assert_eq!(config["config"]["Cmd"], serde_json::json!(["run"]));
+    assert_eq!(config["config"]["User"], "65532:65532");
+    let tags = run(Command::new("umoci")
+        .args(["ls", "--layout"])
+        .arg(image.layout()))?;
+    assert_eq!(String::from_utf8_lossy(&tags.stdout).trim(), image.tag);
+
+    // FROM scratch: the layer holds the binary and nothing else.
+    let files: Vec<String> = std::fs::read_dir(image.rootfs())?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    assert_eq!(files, vec!["etcdfleet".to_string()]);
+    let size: u64 = std::fs::read_dir(image.layout().join("blobs/sha256"))?
+        .map(|e| e.and_then(|e| e.metadata()).map(|m| m.len()))
+        .sum::<std::io::Result<u64>>()?;
+    eprintln!(
+        "image {}: {:.1} MiB in the layout ({} bytes), binary {} bytes",
+        image.reference(),
+        size as f64 / (1 << 20) as f64,
+        size,
+        std::fs::metadata(image.rootfs_binary())?.len()
+    );
+
+    // The tag the manifests deploy is the image's.
+    let deployment = std::fs::read_to_string(
+        etcdfleet_tests::etcd_harness::workspace_root().join("config/manager/deployment.yaml"),
+    )?;
+    assert!(
+        deployment.contains(&format!("image: {}", image.reference())),
+        "config/manager/deployment.yaml does not deploy {}",
+        image.reference()
+    );
+    Ok(())
+}
+
+/// Answers A queries for `name` with `answer` (and nothing else) on
+/// `addr:53`, `count` times.
+fn dns_server(addr: Ipv4Addr, name: &'static str, answer: Ipv4Addr) -> Result<()> {
+    let socket = UdpSocket::bind((addr, 53))?;
+    socket.set_read_timeout(Some(Duration::from_secs(30)))?;
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            let query = &buf[..n];
+            let Some(end) = query[12..].iter().position(|&b| b == 0).map(|p| 12 + p + 5) else {
+                continue;
+            };
+            let question = &query[12..end];
+            let mut labels = Vec::new();
+            let mut i = 0;
+            while question[i] != 0 {
+                let len = question[i] as usize;
+                labels.push(String::from_utf8_lossy(&question[i + 1..i + 1 + len]).into_owned());
+                i += len + 1;
+            }
+            let is_a = question[end - 12 - 4..end - 12 - 2] == [0, 1];
+            let hit = is_a && labels.join(".") == name;
+            let mut reply = query[..2].to_vec();
+            reply.extend([0x81, 0x80, 0, 1, 0, u8::from(hit), 0, 0, 0, 0]);
+            reply.extend(question);
+            if hit {
+                reply.extend([0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+                reply.extend(answer.octets());
+            }
+            let _ = socket.send_to(&reply, from);
+        }
+    });
+    Ok(())
+}
+
+#[test]
+fn the_static_binary_starts_and_resolves_names_in_an_empty_root() -> Result<()> {
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let readelf = run(Command::new("readelf").arg("-l").arg(image.rootfs_binary()))?;
+    let headers = String::from_utf8_lossy(&readelf.stdout);
+    assert!(
+        !headers.contains("INTERP"),
+        "the image's binary asks for a dynamic loader:\n{headers}"
+    );
+
+    // A DNS server on a loopback address of its own (port 53: resolv.conf
+    // names no port).
+    let r = random_u64();
+    let dns = Ipv4Addr::new(127, 53, (r >> 8) as u8, (r as u8).max(2));
+    dns_server(dns, "etcd-api.dns.test", Ipv4Addr::new(10, 9, 8, 7))?;
+    let root = tempfile::tempdir()?;
+    std::fs::create_dir_all(root.path().join("etc"))?;
+    std::fs::copy(image.rootfs_binary(), root.path().join("etcdfleet"))?;
+    std::fs::write(
+        root.path().join("etc/hosts"),
+        "10.1.2.3 workload-api.hosts.test\n",
+    )?;
+    std::fs::write(
+        root.path().join("etc/resolv.conf"),
+        format!("nameserver {dns}\n"),
+    )?;
+
+    let started = Instant::now();
+    let version = run(&mut in_root(root.path(), &[], "/etcdfleet", &["--version"]))?;
+    eprintln!(
+        "the static binary starts in an empty root in {:?}",
+        started.elapsed()
+    );
+    assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
+    let resolve = |host: &str| -> Result<String> {
+        let out = run(&mut in_root(
+            root.path(),
+            &[],
+            "/etcdfleet",
+            &["resolve", host],
+        ))?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    assert_eq!(
+        resolve("workload-api.hosts.test")?,
+        "workload-api.hosts.test: 10.1.2.3"
+    );
+    assert_eq!(resolve("etcd-api.dns.test")?, "etcd-api.dns.test: 10.9.8.7");
+    Ok(())
+}
+
+/// A one-member etcd 3.5 holding `restore/00..19`, snapshotted into a
+/// directory store as `snap/1.db`: (store dir, size, SHA-256).
+async fn snapshot(binary: &EtcdBinary, store: &Path) -> Result<(u64, String)> {
+    let source = LocalEtcdCluster::start(ClusterOptions::new(1, binary.clone())).await?;
+    let mut kv = ClusterClient::connect(&[source.member(0).client_url()], &source.etcd_config())
+        .await?
+        .kv();
+    for i in 0..20 {
+        kv.put(format!("restore/{i:02}"), "v", None).await?;
+    }
+    std::fs::create_dir_all(store.join("snap"))?;
+    run(Command::new(&binary.etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", source.member(0).client_url()))
+        .args(["snapshot", "save"])
+        .arg(store.join("snap/1.db")))?;
+    let destination = ObjectStoreDestination {
+        path: Some(store.display().to_string()),
+        ..Default::default()
+    };
+    Ok(Store::open(&destination, None)?
+        .read_through::<tokio::io::Sink>("snap/1.db", None)
+        .await?)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    run(Command::new("cp").arg("-a").arg(from).arg(to))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()> {
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let Some(etcd) = require_etcd(EtcdVersion::V3_5) else {
+        return Ok(());
+    };
+    let etcdutl = etcd.etcdutl.clone().context("etcd 3.5 has etcdutl")?;
+    let work = tempfile::tempdir()?;
+    let store = work.path().join("store");
+    let (size, sha) = snapshot(&etcd, &store).await?;
+
+    // The pod's volumes: the emptyDir the two init containers share, and
+    // the member's data volume.
+    let seeder_dir = work.path().join("emptydir");
+    let data = work.path().join("data");
+    std::fs::create_dir_all(&seeder_dir)?;
+    std::fs::create_dir_all(&data)?;
+
+    // 1. install-seeder, in a root that is the image's file system.
+    let controller_root = work.path().join("controller-image");
+    copy_dir(&image.rootfs(), &controller_root)?;
+    let started = Instant::now();
+    run(&mut in_root(
+        &controller_root,
+        &[(&seeder_dir, "/opt/etcdfleet")],
+        "/etcdfleet",
+        &["install-seeder", "/opt/etcdfleet/etcdfleet"],
+    ))?;
+    let install_time = started.elapsed();
+
+    // 2. restore-seed, in a bare etcd image: etcdutl and nothing else.
+    let etcd_root = work.path().join("etcd-image");
+    std::fs::create_dir_all(etcd_root.join("usr/local/bin"))?;
+    std::fs::copy(&etcdutl, etcd_root.join("usr/local/bin/etcdutl"))?;
+    let destination = r#"{"path":"/snapshots"}"#;
+    let size_arg = size.to_string();
+    let started = Instant::now();
+    let out = run(&mut in_root(
+        &etcd_root,
+        &[
+            (&seeder_dir, "/opt/etcdfleet"),
+            (&data, "/var/lib/etcd"),
+            (&store, "/snapshots"),
+        ],
+        "/opt/etcdfleet/etcdfleet",
+        &[
+            "restore-seed",
+            "--destination",
+            destination,
+            "--object-key",
+            "snap/1.db",
+            "--sha256",
+            &sha,
+            "--size-bytes",
+            &size_arg,
+            "--data-dir",
+            "/var/lib/etcd/data",
+            "--name",
+            "m0",
+            "--initial-cluster",
+            "m0=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:2380",
+            "--initial-cluster-token",
+            "image-test",
+            "--initial-cluster-state",
+            "new",
+            "--restore-tool",
+            "etcdutl",
+        ],
+    ))?;
+    let seed_time = started.elapsed();
+    eprintln!(
+        "seeder from the image: install-seeder {install_time:?}, restore-seed {seed_time:?} \
+         ({size} byte snapshot)\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Restored"));
+    assert!(data.join("data/member/snap/db").is_file());
+    assert_eq!(
+        std::fs::read_to_string(data.join("data.etcdfleet-restored-from"))?,
+        sha
+    );
+    Ok(())
+}
+
+#[test]
+fn the_test_world_runs_the_seeder_and_the_controller_from_the_image() {
+    let Some(image) = require_image() else {
+        return;
+    };
+    let table = ImageTable::installed();
+    for reference in [SEEDER_IMAGE.to_string(), image.reference()] {
+        assert_eq!(
+            table.resolve_command(&reference, "etcdfleet"),
+            Some(image.rootfs_binary()),
+            "{reference}"
+        );
+    }
+    // And the controller's Deployment (the image's entrypoint) in the real
+    // tier's management cluster.
+    assert_eq!(
+        table.resolve(&image.reference()),
+        Some(image.rootfs_binary())
+    );
+    assert_eq!(BuiltImage::locate().tag, image.tag);
+}
