@@ -19,8 +19,33 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::destination::{BackupSpec, DURATION_RULE, ObjectStoreDestination};
 
-/// Every request and limit of the etcd container a valid, positive quantity.
-pub const RESOURCES_RULE: &str = "(!has(self.requests) || self.requests.all(k, isQuantity(string(self.requests[k])) && quantity(string(self.requests[k])).sign() == 1)) && (!has(self.limits) || self.limits.all(k, isQuantity(string(self.limits[k])) && quantity(string(self.limits[k])).sign() == 1))";
+/// A quantity that is neither negative nor malformed (`500m`, `2Gi`, `1e3`;
+/// not `lots`, not `-1`), as the schema of each request and limit states it:
+/// a `pattern` costs nothing of the API server's CEL budget, which a rule
+/// over two maps of unbounded strings exceeds a hundredfold.
+pub const QUANTITY_PATTERN: &str = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
+/// The schema of `resources`: Kubernetes' ResourceRequirements with every
+/// request and limit held to [`QUANTITY_PATTERN`].
+fn resources_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Option<ResourceRequirements>>();
+    if let Some(properties) = schema
+        .as_object_mut()
+        .and_then(|o| o.get_mut("properties"))
+        .and_then(|p| p.as_object_mut())
+    {
+        for map in ["requests", "limits"] {
+            if let Some(values) = properties
+                .get_mut(map)
+                .and_then(|m| m.get_mut("additionalProperties"))
+                .and_then(|v| v.as_object_mut())
+            {
+                values.insert("pattern".into(), QUANTITY_PATTERN.into());
+            }
+        }
+    }
+    schema
+}
 
 /// Settings that a template may provide and a cluster may override. Every field
 /// is optional here; template resolution turns them into a `ResolvedEtcdSpec`.
@@ -62,9 +87,9 @@ pub struct EtcdConfig {
 
     /// Compute resources of the etcd container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    // Requests and limits are int-or-string in the schema: only a rule
-    // rejects `memory: lots` or a negative or zero amount.
-    #[x_kube(validation = Rule::new(RESOURCES_RULE).message("resources.requests and resources.limits must be positive quantities such as 500m or 2Gi"))]
+    // Requests and limits are int-or-string in Kubernetes' schema: the
+    // pattern refuses `memory: lots` and negative amounts.
+    #[schemars(schema_with = "resources_schema")]
     pub resources: Option<ResourceRequirements>,
 
     /// Transport security for peer and client traffic.
@@ -98,7 +123,7 @@ pub struct StorageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // The schema of a Quantity is int-or-string; only a rule rejects `lots`,
     // `0` and `-5Gi`.
-    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).sign() == 1").message("size must be a positive quantity such as 8Gi"))]
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("size must be a positive quantity such as 8Gi"))]
     pub size: Option<Quantity>,
 }
 

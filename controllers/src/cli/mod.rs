@@ -1313,11 +1313,11 @@ spec:
             ("storage: {size: \"0\"}", "size must be a positive quantity"),
             (
                 "resources: {requests: {memory: lots}}",
-                "must be positive quantities",
+                "spec.resources.requests.memory in body should match",
             ),
             (
                 "resources: {limits: {cpu: \"-1\"}}",
-                "must be positive quantities",
+                "spec.resources.limits.cpu in body should match",
             ),
             (
                 "backup: {schedule: every night}",
