@@ -1,7 +1,10 @@
 //! Prometheus metrics of the controller: reconciles, failures by reason,
 //! reconcile and step durations, steps by kind and outcome, planner answers,
-//! and clusters by condition; backups: age of the newest successful backup,
-//! its size, backup durations and failures. Exposed as text on `/metrics`.
+//! and clusters by condition; per cluster: each condition (status and
+//! reason), voting and healthy members, certificate expiry; backups: age of
+//! the newest successful backup (read back from the EtcdBackups' status
+//! after a restart), its size, backup durations and failures. Exposed as
+//! text on `/metrics`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -48,6 +51,20 @@ struct ClusterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterConditionLabels {
+    cluster: String,
+    condition: String,
+    status: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabels {
+    cluster: String,
+    certificate: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterReasonLabels {
     cluster: String,
     reason: String,
@@ -63,7 +80,12 @@ pub struct Metrics {
     step_duration: Family<StepKindLabels, Histogram>,
     plans: Family<PlanLabels, Counter>,
     clusters: Family<ConditionLabels, Gauge>,
-    cluster_conditions: Mutex<HashMap<String, Vec<(String, String)>>>,
+    /// Each cluster's conditions as (type, status, reason).
+    cluster_conditions: Mutex<HashMap<String, Vec<(String, String, String)>>>,
+    cluster_condition: Family<ClusterConditionLabels, Gauge>,
+    cluster_voters: Family<ClusterLabels, Gauge>,
+    cluster_healthy_voters: Family<ClusterLabels, Gauge>,
+    certificate_expiry: Family<CertificateLabels, Gauge>,
     backup_age: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     backup_last_success: Mutex<HashMap<String, std::time::SystemTime>>,
     backup_size: Family<ClusterLabels, Gauge>,
@@ -129,6 +151,30 @@ impl Metrics {
             "EtcdClusters by condition and status",
             clusters.clone(),
         );
+        let cluster_condition = Family::default();
+        let cluster_voters = Family::default();
+        let cluster_healthy_voters = Family::default();
+        let certificate_expiry = Family::default();
+        registry.register(
+            "cluster_condition",
+            "1 for each condition of each EtcdCluster (namespace/name), with its status and reason",
+            cluster_condition.clone(),
+        );
+        registry.register(
+            "cluster_voters",
+            "Voting members observed in etcd, by cluster",
+            cluster_voters.clone(),
+        );
+        registry.register(
+            "cluster_healthy_voters",
+            "Voting members that answer a linearizable read, by cluster",
+            cluster_healthy_voters.clone(),
+        );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When a cluster's certificate expires (Unix seconds): ca, or the controller's client certificate",
+            certificate_expiry.clone(),
+        );
         let backup_age = Family::default();
         let backup_size = Family::default();
         let backup_duration = Histogram::new(exponential_buckets(0.1, 2.0, 14));
@@ -163,6 +209,10 @@ impl Metrics {
             plans,
             clusters,
             cluster_conditions: Mutex::new(HashMap::new()),
+            cluster_condition,
+            cluster_voters,
+            cluster_healthy_voters,
+            certificate_expiry,
             backup_age,
             backup_last_success: Mutex::new(HashMap::new()),
             backup_size,
@@ -213,9 +263,9 @@ impl Metrics {
             .cluster_conditions
             .lock()
             .expect("metrics lock poisoned");
-        let new: Option<Vec<(String, String)>> = conditions.map(|c| {
+        let new: Option<Vec<(String, String, String)>> = conditions.map(|c| {
             c.iter()
-                .map(|c| (c.type_.clone(), c.status.clone()))
+                .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
                 .collect()
         });
         let old = all.get(cluster);
@@ -224,7 +274,9 @@ impl Metrics {
         }
         // Counted per change, not recounted over every cluster: a fleet's
         // reconciles would otherwise cost O(clusters) each.
-        for (condition, status) in old.into_iter().flatten() {
+        for (condition, status, reason) in old.into_iter().flatten() {
+            self.cluster_condition
+                .remove(&cluster_condition(cluster, condition, status, reason));
             let labels = ConditionLabels {
                 condition: condition.clone(),
                 status: status.clone(),
@@ -237,7 +289,10 @@ impl Metrics {
                 self.clusters.remove(&labels);
             }
         }
-        for (condition, status) in new.iter().flatten() {
+        for (condition, status, reason) in new.iter().flatten() {
+            self.cluster_condition
+                .get_or_create(&cluster_condition(cluster, condition, status, reason))
+                .set(1);
             self.clusters
                 .get_or_create(&ConditionLabels {
                     condition: condition.clone(),
@@ -252,6 +307,58 @@ impl Metrics {
             None => {
                 all.remove(cluster);
             }
+        }
+    }
+
+    /// The voting and healthy voting members of one cluster, as its status says.
+    pub fn set_cluster_members(&self, cluster: &str, voters: i32, healthy: i32) {
+        let labels = cluster_labels(cluster);
+        self.cluster_voters
+            .get_or_create(&labels)
+            .set(i64::from(voters));
+        self.cluster_healthy_voters
+            .get_or_create(&labels)
+            .set(i64::from(healthy));
+    }
+
+    /// When `certificate` (`ca`, `client`) of `cluster` expires, in Unix
+    /// seconds; `None` drops the series (no TLS, or no certificate yet).
+    pub fn set_certificate_expiry(&self, cluster: &str, certificate: &str, at: Option<i64>) {
+        let labels = CertificateLabels {
+            cluster: cluster.to_string(),
+            certificate: certificate.to_string(),
+        };
+        match at {
+            Some(at) => {
+                self.certificate_expiry.get_or_create(&labels).set(at);
+            }
+            None => {
+                self.certificate_expiry.remove(&labels);
+            }
+        }
+    }
+
+    /// A successful backup of `cluster` recorded in an EtcdBackup's status
+    /// (read on every reconcile of it, so also after a restart or a
+    /// failover): the newest one sets the age and size.
+    pub fn observe_backup_recorded(
+        &self,
+        cluster: &str,
+        completed: std::time::SystemTime,
+        size_bytes: Option<i64>,
+    ) {
+        let mut last = self
+            .backup_last_success
+            .lock()
+            .expect("metrics lock poisoned");
+        if last.get(cluster).is_some_and(|at| *at >= completed) {
+            return;
+        }
+        last.insert(cluster.to_string(), completed);
+        if let Some(size) = size_bytes {
+            self.backup_size
+                .get_or_create(&cluster_labels(cluster))
+                .set(size);
         }
     }
 
@@ -281,6 +388,11 @@ impl Metrics {
         };
         self.backup_age.remove(&labels);
         self.backup_size.remove(&labels);
+        self.cluster_voters.remove(&labels);
+        self.cluster_healthy_voters.remove(&labels);
+        for certificate in ["ca", "client"] {
+            self.set_certificate_expiry(cluster, certificate, None);
+        }
         let reasons = self
             .backup_failure_reasons
             .lock()
@@ -313,24 +425,53 @@ impl Metrics {
 
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
-        // Ages are computed when scraped, so they grow between backups.
+        // Ages are computed when scraped, so they grow between backups. Only
+        // clusters this replica reconciles have series: an EtcdBackup left
+        // from a deleted cluster must not raise "backup too old" forever.
+        let known = self
+            .cluster_conditions
+            .lock()
+            .expect("metrics lock poisoned");
         for (cluster, at) in self
             .backup_last_success
             .lock()
             .expect("metrics lock poisoned")
             .iter()
         {
-            let age = at.elapsed().unwrap_or_default().as_secs_f64();
-            self.backup_age
-                .get_or_create(&ClusterLabels {
-                    cluster: cluster.clone(),
-                })
-                .set(age);
+            let labels = cluster_labels(cluster);
+            if known.contains_key(cluster) {
+                let age = at.elapsed().unwrap_or_default().as_secs_f64();
+                self.backup_age.get_or_create(&labels).set(age);
+            } else {
+                self.backup_age.remove(&labels);
+                self.backup_size.remove(&labels);
+            }
         }
+        drop(known);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+fn cluster_labels(cluster: &str) -> ClusterLabels {
+    ClusterLabels {
+        cluster: cluster.to_string(),
+    }
+}
+
+fn cluster_condition(
+    cluster: &str,
+    condition: &str,
+    status: &str,
+    reason: &str,
+) -> ClusterConditionLabels {
+    ClusterConditionLabels {
+        cluster: cluster.to_string(),
+        condition: condition.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
     }
 }
 
@@ -417,11 +558,90 @@ mod tests {
         m.set_cluster_conditions("a/gone", Some(&[condition("Available", "True")]));
         m.observe_backup_success("a/gone", 1024, Duration::from_secs(1));
         m.observe_backup_failure("a/gone", "Unreachable");
+        m.set_cluster_conditions("a/kept", Some(&[condition("Available", "True")]));
+        m.set_cluster_members("a/gone", 3, 3);
+        m.set_certificate_expiry("a/gone", "ca", Some(2_000_000_000));
         m.observe_backup_success("a/kept", 2048, Duration::from_secs(1));
         assert!(m.encode().contains("cluster=\"a/gone\""));
         m.forget_cluster("a/gone");
         let text = m.encode();
         assert!(!text.contains("a/gone"), "{text}");
         assert!(text.contains("cluster=\"a/kept\""), "{text}");
+    }
+
+    #[test]
+    fn each_cluster_has_its_own_condition_series_with_the_reason() {
+        let m = Metrics::new();
+        let mut degraded = condition("Degraded", "True");
+        degraded.reason = "AlarmNOSPACE".into();
+        m.set_cluster_conditions("a/x", Some(&[condition("Available", "True"), degraded]));
+        m.set_cluster_conditions("a/y", Some(&[condition("Available", "False")]));
+        let text = m.encode();
+        for want in [
+            r#"etcdfleet_cluster_condition{cluster="a/x",condition="Available",status="True",reason="R"} 1"#,
+            r#"etcdfleet_cluster_condition{cluster="a/x",condition="Degraded",status="True",reason="AlarmNOSPACE"} 1"#,
+            r#"etcdfleet_cluster_condition{cluster="a/y",condition="Available",status="False",reason="R"} 1"#,
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+        // A change replaces the cluster's series; the old one goes.
+        m.set_cluster_conditions("a/x", Some(&[condition("Available", "False")]));
+        let text = m.encode();
+        assert!(!text.contains("AlarmNOSPACE"), "{text}");
+        assert!(
+            text.contains(r#"etcdfleet_cluster_condition{cluster="a/x",condition="Available",status="False",reason="R"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"cluster="a/x",condition="Available",status="True""#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn members_and_certificate_expiry_are_per_cluster_gauges() {
+        let m = Metrics::new();
+        m.set_cluster_members("a/x", 3, 2);
+        m.set_certificate_expiry("a/x", "ca", Some(2_000_000_000));
+        m.set_certificate_expiry("a/x", "client", Some(1_900_000_000));
+        let text = m.encode();
+        for want in [
+            r#"etcdfleet_cluster_voters{cluster="a/x"} 3"#,
+            r#"etcdfleet_cluster_healthy_voters{cluster="a/x"} 2"#,
+            r#"etcdfleet_certificate_expiry_timestamp_seconds{cluster="a/x",certificate="ca"} 2000000000"#,
+            r#"etcdfleet_certificate_expiry_timestamp_seconds{cluster="a/x",certificate="client"} 1900000000"#,
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+        m.set_certificate_expiry("a/x", "client", None);
+        assert!(!m.encode().contains(r#"certificate="client""#));
+    }
+
+    #[test]
+    fn backup_age_comes_back_from_status_after_a_restart() {
+        // A new process: nothing taken here, the newest EtcdBackup's status
+        // is read back; an older one read later does not move the age.
+        let m = Metrics::new();
+        m.set_cluster_conditions("a/x", Some(&[condition("Available", "True")]));
+        let now = std::time::SystemTime::now();
+        let day = Duration::from_secs(86_400);
+        m.observe_backup_recorded("a/x", now - day, Some(4096));
+        m.observe_backup_recorded("a/x", now - 3 * day, Some(1));
+        let text = m.encode();
+        let age: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(r#"etcdfleet_backup_age_seconds{cluster="a/x"} "#))
+            .unwrap_or_else(|| panic!("no backup age in {text}"))
+            .parse()
+            .unwrap();
+        assert!((86_400.0..86_500.0).contains(&age), "age {age}");
+        assert!(
+            text.contains(r#"etcdfleet_backup_size_bytes{cluster="a/x"} 4096"#),
+            "{text}"
+        );
+        // Backups of a cluster this replica does not reconcile (deleted,
+        // or another stage's) have no series.
+        m.observe_backup_recorded("a/deleted", now, Some(1));
+        assert!(!m.encode().contains("a/deleted"));
     }
 }

@@ -222,16 +222,21 @@ fn name(common_name: &str) -> DistinguishedName {
 /// How long the certificate in `cert_pem` stays valid from now (zero once it
 /// expired), read from its `notAfter`.
 pub fn remaining_validity(cert_pem: &str) -> Result<std::time::Duration> {
+    let not_after = not_after(cert_pem)?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    Ok(std::time::Duration::from_secs(
+        u64::try_from(not_after - now).unwrap_or_default(),
+    ))
+}
+
+/// The `notAfter` of the (first) certificate in `cert_pem`, in Unix seconds.
+pub fn not_after(cert_pem: &str) -> Result<i64> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
         .map_err(|e| PkiError::InvalidCertificate(e.to_string()))?;
     let cert = pem
         .parse_x509()
         .map_err(|e| PkiError::InvalidCertificate(e.to_string()))?;
-    let not_after = cert.validity().not_after.timestamp();
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    Ok(std::time::Duration::from_secs(
-        u64::try_from(not_after - now).unwrap_or_default(),
-    ))
+    Ok(cert.validity().not_after.timestamp())
 }
 
 fn set_validity(params: &mut CertificateParams, days: u32) -> Result<()> {

@@ -89,6 +89,16 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
     let cluster_name = &backup.spec.cluster_name;
     let cluster_key = format!("{ns}/{cluster_name}");
     let status = backup.status.clone().unwrap_or_default();
+    if status.phase.as_deref() == Some(phase::SUCCEEDED)
+        && let Some(completed) = &status.completed_at
+    {
+        // Read back on every start, so the age survives restarts and failover.
+        let at = std::time::SystemTime::UNIX_EPOCH
+            + Duration::from_secs(u64::try_from(completed.0.as_second()).unwrap_or_default());
+        ctx.access()
+            .metrics
+            .observe_backup_recorded(&cluster_key, at, status.size_bytes);
+    }
     if matches!(
         status.phase.as_deref(),
         Some(phase::SUCCEEDED) | Some(phase::FAILED)

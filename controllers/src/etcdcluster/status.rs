@@ -592,10 +592,11 @@ impl Report {
 
     /// Writes the status if it changed. Returns whether it wrote.
     pub async fn write(&self, ctx: &Context) -> Result<bool> {
-        ctx.metrics.set_cluster_conditions(
-            &format!("{}/{}", self.namespace, self.name),
-            Some(&self.new.conditions),
-        );
+        let key = format!("{}/{}", self.namespace, self.name);
+        ctx.metrics
+            .set_cluster_conditions(&key, Some(&self.new.conditions));
+        ctx.metrics
+            .set_cluster_members(&key, self.new.replicas, self.new.ready_members);
         if self.new == self.old {
             return Ok(false);
         }

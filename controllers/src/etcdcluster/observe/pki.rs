@@ -7,7 +7,7 @@ use etcdfleet_api::EtcdCluster;
 use super::super::context::{Context, Result};
 use super::super::memo::Remembered;
 use crate::access::{Pki, read_pki};
-use crate::pki::remaining_validity;
+use crate::pki::{not_after, remaining_validity};
 use crate::render::RenderInputs;
 
 /// What the PKI reader found.
@@ -47,5 +47,11 @@ pub async fn read(
     };
     let client_cert = reading.pki.as_ref().map(|p| p.client_cert_pem.as_str());
     reading.stale = inputs.tls && !reading.fresh_cert(client_cert);
+    let key = format!("{}/{}", inputs.owner_namespace, inputs.name);
+    let ca = reading.pki.as_ref().map(|p| p.ca.cert_pem());
+    for (certificate, pem) in [("ca", ca), ("client", client_cert)] {
+        let at = pem.and_then(|pem| not_after(pem).ok());
+        ctx.metrics.set_certificate_expiry(&key, certificate, at);
+    }
     Ok(reading)
 }
