@@ -22,7 +22,7 @@ sudo_cmd=()
 # Everything hack/install-tools.sh installs (Debian part; PyPI part below),
 # and kubernetes-client, which earlier releases of it installed. util-linux
 # and iproute2 are part of a minimal Debian system and stay.
-packages=(protobuf-compiler libprotobuf-dev etcd-server etcd-client kubernetes-client umoci skopeo)
+packages=(protobuf-compiler libprotobuf-dev etcd-server etcd-client kubernetes-client umoci skopeo prometheus)
 
 echo "fresh-machine: removing ${packages[*]} and $root/.tools"
 export DEBIAN_FRONTEND=noninteractive

@@ -12,6 +12,8 @@
 #     machine's Python, whose other packages pin other boto versions).
 #   - umoci and skopeo (Debian), which write and read the controller's OCI
 #     image (make image), and libc6-dev / binutils for its static binary;
+#   - promtool (Debian prometheus), which parses and tests the shipped alert
+#     rules;
 #   - upstream binaries built with the machine's Go from the Go module proxy
 #     (hack/upstream/build.sh, cached outside the clone, keyed by version):
 #     kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of
@@ -54,6 +56,10 @@ command -v umoci >/dev/null 2>&1 || need_apt+=(umoci)
 command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need_apt+=(libc6-dev)
 command -v readelf >/dev/null 2>&1 || need_apt+=(binutils)
+# promtool checks the shipped alert rules and dashboard queries and runs the
+# alert rules' tests (tests/tests/observability.rs). The package's service is
+# not started by the install.
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-tools: installing Debian packages: ${need_apt[*]}"
@@ -163,6 +169,9 @@ skopeo inspect --config "oci:$check_dir/oci:check" >/dev/null 2>"$check_dir/skop
   fail "skopeo cannot read an OCI layout (Debian package skopeo)"
 }
 echo "install-tools: ok $(umoci --version) writes an OCI layout that $(skopeo --version) reads"
+printf 'groups:\n- name: check\n  rules:\n  - alert: Check\n    expr: up == 0\n' >"$check_dir/rules.yaml"
+promtool check rules "$check_dir/rules.yaml" >/dev/null 2>&1 || fail "promtool cannot check a rule file (Debian package prometheus)"
+echo "install-tools: ok $(promtool --version 2>&1 | head -1) checks rule files"
 # The built kubectl must render every stage overlay offline (what deploy.rs
 # tests), without warnings (deprecated kustomize fields).
 for stage in crd stages/dev stages/staging stages/prod; do
