@@ -2,13 +2,16 @@
 //! controller killed after every step, lose no acknowledged write; the real
 //! StatefulSet controller recreates each deleted pod from the new template.
 //! 3.4 → 3.5, and 3.5 → 3.6 (the path the templates' clusters take next),
-//! with every pod on the flags of the release it runs.
+//! with every pod on the flags of the release it runs. `Degraded` never
+//! turns True, neither while the cluster bootstraps nor while its members
+//! restart as planned.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_controllers::version_flags::version_flags;
+use etcdfleet_tests::control_plane::conditions::ConditionRecorder;
 use etcdfleet_tests::control_plane::scenario::{
     NS, cluster_yaml, converge_real, etcd_of, get, installed_world, put, read_everywhere,
     wait_available,
@@ -30,14 +33,29 @@ async fn real_upgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
         return Ok(());
     };
     let mut ctl = world.controller().await?;
+    let bootstrap = ConditionRecorder::start(&world, "shop").await?;
     world.apply(&cluster_yaml("shop", "w1", 3, &old.release))?;
     converge_real(&mut ctl, &["shop"]).await?;
     wait_available(&world, "shop")?;
+    // Bootstrap is progress, never trouble: Degraded stays False throughout.
+    assert_never_degraded(&bootstrap, "bootstrap");
+    let reasons: Vec<String> = bootstrap
+        .seen_as("Progressing", "True")
+        .into_iter()
+        .map(|s| s.reason)
+        .collect();
+    assert!(
+        !reasons.is_empty(),
+        "bootstrap showed no Progressing: {:?}",
+        bootstrap.seen()
+    );
+    drop(bootstrap);
     let written = format!("written-on-{}", old.release);
     put(&world, "w1", "shop", 3, &written).await?;
 
     let (endpoints, config) = etcd_of(&world, "w1", "shop", 3).await?;
     let writer = AckedWriter::start(endpoints.clone(), config.clone(), "upgrade").await?;
+    let upgrade = ConditionRecorder::start(&world, "shop").await?;
     world.kubectl(&[
         "patch",
         "-n",
@@ -91,6 +109,14 @@ async fn real_upgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
         "each member restarted once: {restarted:?}"
     );
     wait_available(&world, "shop")?;
+    // Each planned restart showed as planned, not as Degraded.
+    assert_never_degraded(&upgrade, "the rolling upgrade");
+    let planned = upgrade.seen_as("Degraded", "False");
+    assert!(
+        planned.iter().any(|s| s.reason == "PlannedDisruption"),
+        "no restart was reported as planned: {:?}",
+        upgrade.seen()
+    );
     read_everywhere(&world, "w1", "shop", 3, &written).await?;
     let status = get(&world, "shop").await?.status.context("status")?;
     assert_eq!(
@@ -115,6 +141,20 @@ async fn real_upgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
         assert!(!version_flags(&new.release).is_empty());
     }
     Ok(())
+}
+
+/// `Degraded` never turned True while `recorder` watched.
+fn assert_never_degraded(recorder: &ConditionRecorder, during: &str) {
+    let degraded = recorder.seen_as("Degraded", "True");
+    assert!(
+        degraded.is_empty(),
+        "Degraded turned True during {during}: {degraded:#?}"
+    );
+    assert!(
+        !recorder.seen_as("Degraded", "False").is_empty(),
+        "the recorder saw no Degraded condition during {during}: {:?}",
+        recorder.seen()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

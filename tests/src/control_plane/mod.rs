@@ -28,6 +28,7 @@
 //! when the test panics.
 
 mod audit;
+pub mod conditions;
 mod nodes;
 pub mod scenario;
 pub mod world;
