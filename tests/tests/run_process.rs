@@ -145,7 +145,7 @@ fn json_logs_are_one_object_per_line_naming_the_server() {
 
 #[test]
 fn run_reads_the_shipped_manager_config_file() {
-    // The README's `run --config config/manager/config.yaml`; flags still
+    // `run --config config/manager/controller.yaml` (the help's example); flags still
     // override it (text logs, the test's own port).
     let server = format!("https://127.0.0.1:{}", free_port());
     // The plain file the ConfigMap is generated from (config/manager/

@@ -123,7 +123,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Configuration file (YAML, e.g. config/manager/config.yaml); flags override it.
+    /// Configuration file (YAML, e.g. config/manager/controller.yaml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Kubeconfig of the management cluster [default: in-cluster, $KUBECONFIG or ~/.kube/config].
@@ -153,7 +153,7 @@ struct RunArgs {
     /// After SIGTERM, how long in-flight reconciles may finish before the process exits [file: shutdownGraceSeconds; default 10].
     #[arg(long)]
     shutdown_grace_seconds: Option<u64>,
-    /// How etcd members are reached: port-forward (through the workload API server) or direct [file: dialer; default portForward].
+    /// How etcd members are reached: portForward (through the workload API server) or direct [file: dialer; default portForward].
     #[arg(long, value_parser = ["portForward", "direct"])]
     dialer: Option<String>,
     /// OTLP/gRPC endpoint traces are exported to, e.g. http://otel-collector:4317 [file: tracing.otlpEndpoint; default unset: the OTEL_* environment decides].
