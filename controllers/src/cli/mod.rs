@@ -610,20 +610,20 @@ pub fn plan_cluster(
     };
     let mut inputs = render_inputs(cluster, &resolution);
     let repository = image_repository(&inputs.image);
+    let plan = |next: String| ClusterPlan {
+        cluster: id.clone(),
+        resolve: Ok(basis.clone()),
+        version: Some(verdict.clone()),
+        next,
+        paused,
+    };
+    if let Some(next) = without_members(&status, &verdict) {
+        return plan(next);
+    }
     if let VersionVerdict::Rejected(_) = &verdict {
         // The controller holds the StatefulSet at the running version.
-        match current.as_deref().and_then(parse_full_version) {
-            Some(v) => inputs.image = format!("{repository}:v{v}"),
-            None => {
-                return ClusterPlan {
-                    cluster: id,
-                    resolve: Ok(basis),
-                    version: Some(verdict),
-                    next: "blocked: nothing runs yet and the requested version is rejected"
-                        .to_string(),
-                    paused,
-                };
-            }
+        if let Some(v) = current.as_deref().and_then(parse_full_version) {
+            inputs.image = format!("{repository}:v{v}");
         }
     }
     let replicas = resolution.spec.replicas.max(1) as u32;
@@ -643,12 +643,27 @@ pub fn plan_cluster(
         unanswered_as_reported(&status, &mut obs);
         describe_plan(&plan_next_step(&obs), &obs)
     };
-    ClusterPlan {
-        cluster: id,
-        resolve: Ok(basis),
-        version: Some(verdict),
-        next,
-        paused,
+    plan(next)
+}
+
+/// The plan of a status that lists no members, when it is not a new
+/// cluster's: one story, never "create" beside a refusal or beside a
+/// version the status says runs.
+fn without_members(status: &EtcdClusterStatus, verdict: &VersionVerdict) -> Option<String> {
+    if !status.members.is_empty() {
+        return None;
+    }
+    match (verdict, status.current_version.as_deref()) {
+        (VersionVerdict::Rejected(r), _) => Some(format!(
+            "blocked: spec.version is refused ({}); nothing is created or changed until it is fixed",
+            r.reason()
+        )),
+        (_, Some(running)) => Some(format!(
+            "observe first: the status records etcd {running} running but lists no members \
+             (the last reconcile reached none); the controller reads the members, pods and \
+             volumes before acting, and never bootstraps over a cluster that ran"
+        )),
+        (_, None) => None,
     }
 }
 
@@ -1349,6 +1364,36 @@ spec:
         ] {
             assert!(errors.contains(wanted), "{wanted} missing from: {errors}");
         }
+    }
+
+    #[test]
+    fn a_status_with_a_version_but_no_members_tells_one_story() {
+        let with = |version: &str| {
+            format!(
+                "apiVersion: etcdfleet.dev/v1beta1\nkind: EtcdCluster\nmetadata: {{name: c, namespace: team-pay}}\n\
+                 spec: {{clusterRef: {{name: c}}, version: {version}, replicas: 3}}\n\
+                 status: {{currentVersion: 3.5.1}}\n"
+            )
+        };
+        // A downgrade is refused, and nothing is planned beside the refusal.
+        let refused = plan(&with("3.4.23"))[0].to_string();
+        assert!(refused.contains("Downgrade"), "{refused}");
+        assert!(
+            refused.contains("blocked: spec.version is refused"),
+            "{refused}"
+        );
+        // The version the status says runs: no change of version, and no
+        // bootstrap of a cluster that ran.
+        let same = plan(&with("3.5.1"))[0].to_string();
+        assert!(same.contains("lists no members"), "{same}");
+        for contradiction in ["create:", "bootstrap member 0", "rejected"] {
+            assert!(!same.contains(contradiction), "{contradiction}: {same}");
+        }
+        assert!(!refused.contains("create:"), "{refused}");
+        // A new cluster (no version in status) is still created.
+        let new =
+            plan(&with("3.5.1").replace("status: {currentVersion: 3.5.1}\n", ""))[0].to_string();
+        assert!(new.contains("create: no members in status yet"), "{new}");
     }
 
     #[test]
