@@ -739,3 +739,24 @@ fn each_stage_renders_with_controller_rbac_for_exactly_its_namespaces() {
         }
     }
 }
+
+/// Each stage sets its restore seeder image to the controller image it runs
+/// (a stage that pins an older release seeds with that release's binary).
+#[test]
+fn each_stage_seeds_restores_with_the_release_it_runs() {
+    for stage in ["dev", "staging", "prod"] {
+        let dir = repo().join("config/stages").join(stage);
+        let k: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+                .unwrap();
+        let tag = k["images"][0]["newTag"].as_str().expect("a pinned tag");
+        let config: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(dir.join("controller.yaml")).unwrap())
+                .unwrap();
+        assert_eq!(
+            config["seederImage"].as_str(),
+            Some(format!("etcdfleet/controller:{tag}").as_str()),
+            "{stage}"
+        );
+    }
+}
