@@ -2,6 +2,7 @@
 //! template resolution and the version policy. Pure data and pure functions:
 //! nothing in this crate performs I/O.
 
+pub mod adopt;
 pub mod backup;
 pub mod conditions;
 pub mod destination;
