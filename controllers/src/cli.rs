@@ -793,6 +793,7 @@ fn member_observations(
             // Raft indexes are not in the status: healthy members count as caught up.
             let status = m.healthy.then(|| EtcdMemberStatus {
                 member_id: *id,
+                cluster_id: 0,
                 version: m.version.clone().unwrap_or_default(),
                 leader,
                 raft_index: 1,

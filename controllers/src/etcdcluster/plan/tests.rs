@@ -32,6 +32,7 @@ pub(super) fn member(
         },
         status: healthy.then(|| MemberStatus {
             member_id: id,
+            cluster_id: 1,
             version: "3.5.1".into(),
             leader: if leader { id } else { 0 },
             raft_index: 50,
