@@ -737,6 +737,7 @@ pub fn observation_from_status(
         last_failure: None,
         // A running cluster: the restore gate applies only before bootstrap.
         restore: Default::default(),
+        adoption: None,
     }
 }
 
@@ -988,6 +989,7 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
         }
         Step::WriteObjects(_) | Step::Bootstrap { .. } => write!(out, "create: {step}"),
         Step::RecoverFromNoSpace | Step::Defragment { .. } => write!(out, "maintenance: {step}"),
+        Step::ImportCa | Step::RetireMember { .. } => write!(out, "adopt: {step}"),
     };
     out
 }

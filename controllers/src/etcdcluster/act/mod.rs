@@ -5,10 +5,11 @@
 //!
 //! [`execute`] hands each step to one function: the workload objects and
 //! bootstrap in `objects`, the management-side PKI in `pki`, the members
-//! (etcd membership, volumes, restarts, maintenance) in `members`; what
-//! every step acts on in `target`; deletion of the whole cluster is
-//! [`finalize`].
+//! (etcd membership, volumes, restarts, maintenance) in `members`; the
+//! takeover of a running etcd in `adopt`; what every step acts on in
+//! `target`; deletion of the whole cluster is [`finalize`].
 
+mod adopt;
 mod finalize;
 mod members;
 mod objects;
@@ -64,5 +65,7 @@ pub async fn execute(
         Step::RecoverFromNoSpace => recover_from_nospace(on.inputs, on.observed).await,
         Step::Defragment { ordinal, .. } => defragment(on, *ordinal).await,
         Step::RestartMember { ordinal, .. } => restart_member(on, *ordinal).await,
+        Step::ImportCa => adopt::import_ca(on).await,
+        Step::RetireMember { member_id } => adopt::retire_member(on, *member_id).await,
     }
 }

@@ -100,6 +100,15 @@ pub enum Step {
         ordinal: u32,
         member_id: u64,
     },
+    /// Adoption: make the existing cluster's CA (from the join credentials)
+    /// this cluster's CA, with the controller's client identity issued from it.
+    ImportCa,
+    /// Adoption: remove an old member of the adopted cluster from the
+    /// membership (recorded in status before it is removed). Its pod,
+    /// StatefulSet and volume are its owner's and are never touched.
+    RetireMember {
+        member_id: u64,
+    },
 }
 
 impl Step {
@@ -119,6 +128,8 @@ impl Step {
             Step::RestartMember { .. } => "RestartMember",
             Step::RecoverFromNoSpace => "RecoverFromNoSpace",
             Step::Defragment { .. } => "Defragment",
+            Step::ImportCa => "ImportCa",
+            Step::RetireMember { .. } => "RetireMember",
         }
     }
 
@@ -128,6 +139,7 @@ impl Step {
         matches!(
             self,
             Step::RemoveMember { .. }
+                | Step::RetireMember { .. }
                 | Step::DeletePvc { .. }
                 | Step::DeleteStaleStorage { .. }
                 | Step::RestartMember { .. }
@@ -196,6 +208,15 @@ impl fmt::Display for Step {
             Step::Defragment { ordinal, member_id } => {
                 write!(f, "defragment member {member_id:x} (ordinal {ordinal})")
             }
+            Step::ImportCa => write!(
+                f,
+                "import the existing cluster's CA as this cluster's CA (adoption)"
+            ),
+            Step::RetireMember { member_id } => write!(
+                f,
+                "remove old member {member_id:x} of the adopted cluster from the membership \
+                 (its pod and volume are left to their owner)"
+            ),
         }
     }
 }

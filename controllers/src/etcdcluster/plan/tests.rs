@@ -98,6 +98,7 @@ pub(super) fn converged(n: u32, desired: u32) -> Observation {
         known_voters: n,
         restore: RestoreGate::NotNeeded,
         last_failure: None,
+        adoption: None,
     }
 }
 
