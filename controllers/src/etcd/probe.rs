@@ -168,17 +168,10 @@ async fn probe(
         .await
         .map_err(classify)?;
     stream.flush().await.map_err(classify)?;
-    let mut response = Vec::new();
     // A server that refuses the client certificate after the handshake
     // (TLS 1.3) says so here, as an alert instead of an answer.
-    let read = stream.read_to_end(&mut response).await;
+    let response = read_response(&mut stream).await?;
     let asked = recorded.asked.load(Ordering::Relaxed);
-    let response = String::from_utf8_lossy(&response).into_owned();
-    match read {
-        // Some servers close without close_notify once they answered.
-        Err(e) if response.is_empty() => return Err(classify(e)),
-        _ => {}
-    }
     let Some((head, body)) = response.split_once("\r\n\r\n") else {
         return Err(ProbeError::Unreachable(format!(
             "{url} answered no HTTP response"
@@ -194,4 +187,59 @@ async fn probe(
         version: body.trim().to_string(),
         asked_for_certificate: asked,
     })
+}
+
+/// Reads one HTTP/1.1 response: until its body is complete by its
+/// `Content-Length`, or the stream ends. A tunnelled stream (port-forward)
+/// need not end when the server closes its side, so the end of the stream
+/// is not waited for once the answer is in.
+async fn read_response(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Result<String, ProbeError> {
+    let mut response = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match stream.read(&mut chunk).await {
+            Ok(0) => break,
+            Ok(n) => response.extend_from_slice(&chunk[..n]),
+            Err(e) if response.is_empty() => return Err(classify(e)),
+            // Some servers close without close_notify once they answered.
+            Err(_) => break,
+        }
+        if response_complete(&response) {
+            break;
+        }
+    }
+    Ok(String::from_utf8_lossy(&response).into_owned())
+}
+
+/// Whether `response` holds a whole head and a body of its `Content-Length`.
+fn response_complete(response: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(response);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let length = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())
+            .flatten()
+    });
+    length.is_some_and(|n| body.len() >= n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::response_complete;
+
+    #[test]
+    fn a_response_is_complete_once_its_content_length_is_in() {
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4\r\n\r\n";
+        assert!(!response_complete(b"HTTP/1.1 200 OK\r\nContent-Le"));
+        assert!(!response_complete(format!("{head}{{}}").as_bytes()));
+        assert!(response_complete(format!("{head}{{\"\"}}").as_bytes()));
+        // Without a length, only the end of the stream ends it.
+        assert!(!response_complete(b"HTTP/1.1 200 OK\r\n\r\nbody"));
+    }
 }
