@@ -219,7 +219,10 @@ impl AdoptionReading {
             urls.extend(peer_urls(health).into_iter().map(|u| (u, ProbedPort::Peer)));
         }
         let transport = crate::dialer::transport(ctx.dialer.clone(), w.cluster);
-        let within = ctx.settings.etcd_deadlines.request;
+        // A probe opens a new connection (through a new tunnel by default),
+        // shakes hands and asks once.
+        let d = &ctx.settings.etcd_deadlines;
+        let within = d.connect + d.request;
         let probes = urls.into_iter().map(|(url, port)| {
             let material = if port == ProbedPort::Peer {
                 &peer

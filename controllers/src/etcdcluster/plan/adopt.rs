@@ -326,8 +326,12 @@ fn peer_trust(a: &AdoptionObservation) -> Result<(), Refusal> {
                  add that CA to the existing members' --peer-trusted-ca-file, or give the CA \
                  that signed their peer certificates"
             ),
+            // Not a trust failure: checked again on the next reconcile.
             Err(ProbeError::Unreachable(e)) => {
-                format!("its peer port could not be checked: {e}")
+                return refuse(
+                    reason::UNREACHABLE,
+                    format!("{}: its peer port could not be checked: {e}", p.url),
+                );
             }
         };
         return refuse(reason::PEER_TRUST_MISSING, format!("{}: {why}", p.url));

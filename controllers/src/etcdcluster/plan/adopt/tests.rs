@@ -140,6 +140,11 @@ fn each_failed_check_refuses_before_any_write_and_names_what_to_fix() {
         assert_eq!(refusal_reason(&obs), reason::PEER_TRUST_MISSING);
     }
 
+    // A peer port that did not answer is no verdict on trust.
+    let mut obs = ok.clone();
+    adoption(&mut obs).probes = probes(Err(ProbeError::Unreachable("timed out".into())));
+    assert_eq!(refusal_reason(&obs), reason::UNREACHABLE);
+
     let mut clash = old(1, true, false);
     clash.member.name = "c-etcd-1".into();
     let obs = with_members(ok, vec![old(0, true, true), clash, old(2, true, false)]);
