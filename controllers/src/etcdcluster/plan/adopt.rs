@@ -144,8 +144,10 @@ fn membership_change(
     Some(format!(
         "the existing cluster's membership changed during the takeover ({}); the takeover \
          halts and changes nothing more, so as not to race another owner. Stop whatever \
-         manages the old members (scale its operator to zero), restore the membership \
-         recorded in status.adoption.existingMembers, and the takeover resumes",
+         manages the old members (scale its operator to zero). Then remove a member that \
+         joined, or, for a member that left, remove its entry from \
+         status.adoption.existingMembers (kubectl patch --subresource=status); the takeover \
+         resumes once the membership matches that record",
         what.join("; ")
     ))
 }
