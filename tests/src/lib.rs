@@ -7,6 +7,7 @@ pub mod etcd_harness;
 pub mod etcd_standin;
 pub mod fleet;
 pub mod kubelet_server;
+pub mod legacy_etcd;
 pub mod otlp;
 pub mod portforward;
 pub mod portforward_ws;
