@@ -3,6 +3,7 @@
 //! policy. Pure data and pure functions:
 //! nothing in this crate performs I/O.
 
+pub mod adopt;
 pub mod backup;
 pub mod conditions;
 pub mod destination;

@@ -15,13 +15,20 @@ use crate::EtcdBackupStatus;
 use crate::backup::phase;
 use crate::destination::ObjectStoreDestination;
 
-/// How a new cluster starts.
+/// How a new cluster starts: empty (no field), from a snapshot
+/// (`restore`), or by joining and taking over an etcd that runs already
+/// (`join`, see [`crate::adopt`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.restore) && has(self.join))").message("bootstrap takes restore or join, not both"))]
 pub struct BootstrapSpec {
     /// Seed the first member from a snapshot instead of starting empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreSource>,
+    /// Join a running etcd cluster and take it over, member by member,
+    /// keeping its data, its cluster ID and its CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<crate::adopt::JoinSpec>,
 }
 
 /// The snapshot a new cluster starts from: an `EtcdBackup` in the cluster's

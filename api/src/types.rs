@@ -278,9 +278,10 @@ pub struct TemplateRef {
 #[x_kube(validation = Rule::new("!has(oldSelf.kubeconfigSecretRef) || (has(self.kubeconfigSecretRef) && self.kubeconfigSecretRef == oldSelf.kubeconfigSecretRef)").message("kubeconfigSecretRef is immutable once set").field_path(".kubeconfigSecretRef"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.tls) || !has(oldSelf.tls.enabled) || (has(self.tls) && has(self.tls.enabled) && self.tls.enabled == oldSelf.tls.enabled)").message("tls.enabled is immutable once set").field_path(".tls.enabled"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.size) || (has(self.storage) && has(self.storage.size) && self.storage.size == oldSelf.storage.size)").message("storage.size is immutable once set: it can be neither changed nor removed").field_path(".storage.size"))]
-// Restore is identity too: a running cluster cannot be told it came from
-// another snapshot, nor be given one after creation (it is honoured only at
-// the first bootstrap).
+// Restore and join are identity too: a running cluster cannot be told it
+// came from another snapshot or another etcd, nor be given one after
+// creation (a restore is honoured only at the first bootstrap, a join until
+// the takeover is complete).
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can be set only when the EtcdCluster is created").field_path(".bootstrap"))]
 pub struct EtcdClusterSpec {
     /// The workload cluster (kubeconfig Secret `<name>-kubeconfig`, key `value`).
@@ -428,6 +429,12 @@ pub struct EtcdClusterStatus {
     /// destination, `objectKey` and `sha256`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_change_snapshot: Option<VersionChangeSnapshot>,
+
+    /// The takeover of a running etcd (`spec.bootstrap.join`): its phase,
+    /// the existing members it started with, those removed, and the old
+    /// objects nothing uses any more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption: Option<crate::adopt::AdoptionStatus>,
 }
 
 /// A snapshot taken, stored and verified before a change of minor version.

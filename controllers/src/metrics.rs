@@ -70,6 +70,9 @@ struct ClusterReasonLabels {
     reason: String,
 }
 
+/// A condition as the metrics keep it: type, status, reason.
+type SeenCondition = (String, String, String);
+
 /// The controller's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -80,8 +83,8 @@ pub struct Metrics {
     step_duration: Family<StepKindLabels, Histogram>,
     plans: Family<PlanLabels, Counter>,
     clusters: Family<ConditionLabels, Gauge>,
-    /// Each cluster's conditions as (type, status, reason).
-    cluster_conditions: Mutex<HashMap<String, Vec<(String, String, String)>>>,
+    /// Each cluster's conditions.
+    cluster_conditions: Mutex<HashMap<String, Vec<SeenCondition>>>,
     cluster_condition: Family<ClusterConditionLabels, Gauge>,
     cluster_voters: Family<ClusterLabels, Gauge>,
     cluster_healthy_voters: Family<ClusterLabels, Gauge>,
@@ -263,7 +266,7 @@ impl Metrics {
             .cluster_conditions
             .lock()
             .expect("metrics lock poisoned");
-        let new: Option<Vec<(String, String, String)>> = conditions.map(|c| {
+        let new: Option<Vec<SeenCondition>> = conditions.map(|c| {
             c.iter()
                 .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
                 .collect()

@@ -319,9 +319,23 @@ pub fn initial_cluster(
     tls: bool,
     ordinals: impl IntoIterator<Item = u32>,
 ) -> String {
+    initial_cluster_with(names, tls, ordinals, &[])
+}
+
+/// `name=peerURL` pairs for `--initial-cluster`: this cluster's members at
+/// `ordinals`, then members of other names (`others`, `(name, peer URL)`:
+/// the old members of an adopted etcd). A member joining an existing
+/// cluster must list every member etcd has, with exactly its peer URLs.
+pub fn initial_cluster_with(
+    names: &Names,
+    tls: bool,
+    ordinals: impl IntoIterator<Item = u32>,
+    others: &[(String, String)],
+) -> String {
     ordinals
         .into_iter()
         .map(|o| format!("{}={}", names.pod(o), names.peer_url(o, tls)))
+        .chain(others.iter().map(|(name, url)| format!("{name}={url}")))
         .collect::<Vec<_>>()
         .join(",")
 }

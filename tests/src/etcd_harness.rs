@@ -1114,6 +1114,94 @@ pub struct WriteReport {
     pub acknowledged: BTreeMap<String, String>,
     /// Writes that failed or timed out (their outcome is unknown).
     pub failed: u64,
+    /// The longest time between two acknowledged writes (a
+    /// [`FollowingWriter`]'s; zero for an [`AckedWriter`]).
+    pub longest_pause: Duration,
+}
+
+/// Writes keys `<prefix>/<seq>` continuously, like [`AckedWriter`], through
+/// whichever member answers: endpoints (each with its own TLS) can be added
+/// while it runs, and a failed write moves on to the next one, as a client
+/// given every member's URL does. Records the longest pause between two
+/// acknowledged writes: how long clients could not write.
+pub struct FollowingWriter {
+    stop: Arc<AtomicBool>,
+    endpoints: Arc<Mutex<Vec<(String, EtcdConfig)>>>,
+    task: tokio::task::JoinHandle<Result<WriteReport>>,
+}
+
+impl FollowingWriter {
+    pub fn start(endpoints: Vec<(String, EtcdConfig)>, prefix: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let endpoints = Arc::new(Mutex::new(endpoints));
+        let task = tokio::spawn(follow_writes(
+            stop.clone(),
+            endpoints.clone(),
+            prefix.to_string(),
+        ));
+        FollowingWriter {
+            stop,
+            endpoints,
+            task,
+        }
+    }
+
+    /// Adds an endpoint (once).
+    pub fn add(&self, endpoint: String, config: EtcdConfig) {
+        let mut endpoints = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        if !endpoints.iter().any(|(e, _)| *e == endpoint) {
+            endpoints.push((endpoint, config));
+        }
+    }
+
+    /// Stops writing and returns what was acknowledged.
+    pub async fn stop(self) -> Result<WriteReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await?
+    }
+}
+
+async fn follow_writes(
+    stop: Arc<AtomicBool>,
+    endpoints: Arc<Mutex<Vec<(String, EtcdConfig)>>>,
+    prefix: String,
+) -> Result<WriteReport> {
+    let mut clients: BTreeMap<String, etcd_client::Client> = BTreeMap::new();
+    let mut report = WriteReport::default();
+    let (mut seq, mut at) = (0u64, 0usize);
+    let mut last_ack: Option<Instant> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let (endpoint, config) = {
+            let list = endpoints.lock().unwrap_or_else(|p| p.into_inner());
+            list[at % list.len()].clone()
+        };
+        if !clients.contains_key(&endpoint) {
+            let client = ClusterClient::connect(std::slice::from_ref(&endpoint), &config).await?;
+            clients.insert(endpoint.clone(), client.kv());
+        }
+        let kv = clients.get_mut(&endpoint).expect("just inserted");
+        seq += 1;
+        let (key, value) = (format!("{prefix}/{seq:08}"), format!("value-{seq}"));
+        let put = tokio::time::timeout(
+            Duration::from_secs(2),
+            kv.put(key.as_str(), value.as_str(), None),
+        )
+        .await;
+        if let Ok(Ok(_)) = put {
+            report.acknowledged.insert(key, value);
+            let now = Instant::now();
+            if let Some(last) = last_ack {
+                report.longest_pause = report.longest_pause.max(now - last);
+            }
+            last_ack = Some(now);
+        } else {
+            report.failed += 1;
+            at += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(report)
 }
 
 /// Writes keys `<prefix>/<seq>` continuously through a client balanced over

@@ -8,6 +8,7 @@ pub mod etcd_standin;
 pub mod fleet;
 pub mod image;
 pub mod kubelet_server;
+pub mod legacy_etcd;
 pub mod otlp;
 pub mod portforward;
 pub mod portforward_ws;

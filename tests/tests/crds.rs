@@ -742,3 +742,44 @@ fn cel_bootstrap_is_set_only_at_creation() {
         assert!(msg.contains(MSG), "{what}: {msg:?}");
     }
 }
+
+#[test]
+fn cel_join_names_client_urls_and_is_set_only_at_creation() {
+    let join = with_ref(
+        "  bootstrap:\n    join:\n      endpoints: [\"https://etcd-0.etcd.etcd-system.svc:2379\"]\n      credentialsSecretName: etcd-ca\n",
+    );
+    assert!(
+        join.validate_cel().is_ok(),
+        "{}",
+        messages(join.validate_cel())
+    );
+    let cases = [
+        (
+            "  bootstrap: {join: {endpoints: [\"etcd-0:2379\"]}}\n",
+            "endpoints must be client URLs",
+        ),
+        (
+            "  bootstrap: {join: {endpoints: [\"https://etcd-0:2379/path\"]}}\n",
+            "endpoints must be client URLs",
+        ),
+        (
+            "  bootstrap: {join: {endpoints: [\"https://e:2379\"], credentialsSecretName: ''}}\n",
+            "credentialsSecretName must not be empty",
+        ),
+        (
+            "  bootstrap: {restore: {backupName: b}, join: {endpoints: [\"https://e:2379\"]}}\n",
+            "bootstrap takes restore or join, not both",
+        ),
+    ];
+    for (spec, expected) in cases {
+        let msg = messages(with_ref(spec).validate_cel());
+        assert!(msg.contains(expected), "{spec:?}: {msg:?}");
+    }
+    // A join is identity: never added, removed or retargeted later.
+    const MSG: &str = "bootstrap is immutable: it can be set only when the EtcdCluster is created";
+    let plain = with_ref("");
+    let other = with_ref("  bootstrap: {join: {endpoints: [\"https://other:2379\"]}}\n");
+    for (new, old) in [(&join, &plain), (&plain, &join), (&other, &join)] {
+        assert!(messages(new.validate_cel_update(old)).contains(MSG));
+    }
+}

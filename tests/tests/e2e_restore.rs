@@ -101,6 +101,7 @@ fn restoring_version(
     let mut c = cluster(name, workload, replicas, version);
     c.spec.bootstrap = Some(BootstrapSpec {
         restore: Some(source),
+        join: None,
     });
     c
 }

@@ -612,7 +612,7 @@ pub fn plan_cluster(
     let repository = image_repository(&inputs.image);
     let plan = |next: String| ClusterPlan {
         cluster: id.clone(),
-        resolve: Ok(basis.clone()),
+        resolve: Ok(basis),
         version: Some(verdict.clone()),
         next,
         paused,
@@ -721,6 +721,7 @@ pub fn observation_from_status(
         last_failure: None,
         // A running cluster: the restore gate applies only before bootstrap.
         restore: Default::default(),
+        adoption: None,
     }
 }
 
@@ -777,6 +778,7 @@ fn member_observations(
             // Raft indexes are not in the status: healthy members count as caught up.
             let status = m.healthy.then(|| EtcdMemberStatus {
                 member_id: *id,
+                cluster_id: 0,
                 version: m.version.clone().unwrap_or_default(),
                 leader,
                 raft_index: 1,
@@ -973,6 +975,7 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
         Step::WriteObjects(_) | Step::Bootstrap { .. } => write!(out, "create: {step}"),
         Step::RecoverFromNoSpace | Step::Defragment { .. } => write!(out, "maintenance: {step}"),
         Step::Version(_) => write!(out, "version: {step}"),
+        Step::ImportCa | Step::RetireMember { .. } => write!(out, "adopt: {step}"),
     };
     out
 }

@@ -695,6 +695,7 @@ impl MemberClient {
         let resp = with_deadline("status", self.config.deadlines.request, None, c.status()).await?;
         Ok(MemberStatus {
             member_id: resp.header().map(|h| h.member_id()).unwrap_or_default(),
+            cluster_id: resp.header().map(|h| h.cluster_id()).unwrap_or_default(),
             version: resp.version().to_string(),
             leader: resp.leader(),
             raft_index: resp.raft_index(),

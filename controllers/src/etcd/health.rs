@@ -402,6 +402,7 @@ mod tests {
             member,
             status: Some(MemberStatus {
                 member_id: id,
+                cluster_id: 1,
                 version: "3.5.1".into(),
                 leader,
                 raft_index,

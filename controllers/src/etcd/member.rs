@@ -37,6 +37,8 @@ impl From<&etcd_client::Member> for Member {
 pub struct MemberStatus {
     /// Id of the member that answered.
     pub member_id: u64,
+    /// Id of the cluster it belongs to (0 when unknown).
+    pub cluster_id: u64,
     pub version: String,
     /// Id of the leader as this member sees it; 0 when it knows none.
     pub leader: u64,

@@ -15,6 +15,7 @@ pub mod error;
 pub mod health;
 pub mod member;
 pub mod pool;
+pub mod probe;
 pub mod transport;
 
 pub use client::{
@@ -25,4 +26,5 @@ pub use error::EtcdError;
 pub use health::{ClusterHealth, MemberObservation, UnsafeReason, quorum};
 pub use member::{Alarm, AlarmKind, Member, MemberStatus};
 pub use pool::{ClientPool, PoolSettings};
+pub use probe::{ProbeAnswer, ProbeError, probe_tls};
 pub use transport::{Deadlines, EtcdConfig, EtcdStream, TlsMaterial, Transport};

@@ -344,6 +344,14 @@ impl<'a> Run<'a> {
         ctx.connector.record_success(location);
         self.report.remote_reachable(&workload.server);
         self.report.observed(&observed.planner);
+        if let Some((warning, reason, note)) = self.report.adoption(&observed.planner) {
+            let kind = if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            publish(ctx, cluster, kind, reason, &note).await;
+        }
         let bootstrapped =
             observed.planner.statefulset.is_some() || observed.planner.known_voters > 0;
         if crate::restore::needed(cluster, bootstrapped) {
@@ -519,6 +527,7 @@ impl<'a> Run<'a> {
         workload: &WorkloadCluster,
     ) -> Result<Outcome> {
         let (cluster, ctx) = (self.cluster, self.ctx);
+        self.record_intent(&step).await?;
         let started = std::time::Instant::now();
         let span = info_span!(
             "step",
@@ -572,6 +581,18 @@ impl<'a> Run<'a> {
                 Err(e)
             }
         }
+    }
+
+    /// A step whose effect could not be told from someone else's after a
+    /// crash records what it is about to do in status first: the removal
+    /// of an adopted etcd's old member (a member gone that etcdfleet did
+    /// not remove halts the takeover).
+    async fn record_intent(&mut self, step: &Step) -> Result<()> {
+        if let Step::RetireMember { member_id } = step {
+            self.report.record_retirement(*member_id);
+            self.report.write_before_acting(self.ctx).await?;
+        }
+        Ok(())
     }
 
     /// report: status and conditions.

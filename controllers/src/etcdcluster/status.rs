@@ -24,6 +24,8 @@ use super::plan::{
     EtcdObservation, Observation, QUORUM_LOSS_HELP, QuorumView, Refusal, Step, quorum_view,
 };
 use super::{Context, Error, Result, now};
+
+mod adopt;
 use crate::connector::ConnectError;
 use crate::etcd::{AlarmKind, ClusterHealth};
 use crate::render::{self, Names};
@@ -588,6 +590,33 @@ impl Report {
             time: Some(now()),
             failures,
         });
+    }
+
+    /// Writes the status now, before a step whose effect must be
+    /// recognisable as this controller's after a crash (the intent is in
+    /// status before the act); later writes of this reconcile build on it.
+    pub async fn write_before_acting(&mut self, ctx: &Context) -> Result<()> {
+        if self.new == self.old {
+            return Ok(());
+        }
+        let api: Api<EtcdCluster> = Api::namespaced(ctx.management.clone(), &self.namespace);
+        let patch = match &self.resource_version {
+            Some(rv) => {
+                serde_json::json!({ "metadata": { "resourceVersion": rv }, "status": self.new })
+            }
+            None => serde_json::json!({ "status": self.new }),
+        };
+        let written = api
+            .patch_status(
+                &self.name,
+                &crate::controller_patch_params(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(Error::ManagementApi)?;
+        self.advance_resource_version(written.metadata.resource_version);
+        self.old = self.new.clone();
+        Ok(())
     }
 
     /// Writes the status if it changed. Returns whether it wrote.

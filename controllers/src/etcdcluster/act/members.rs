@@ -12,8 +12,8 @@ use super::super::observe::{
     Observed, PVC_MEMBER_ANNOTATION, PVC_OWNER_ANNOTATION, PVC_VERSION_ANNOTATION,
 };
 use super::target::{Target, apply, delete_exact};
-use crate::etcd::ClusterClient;
-use crate::render::{self, RenderInputs};
+use crate::etcd::{ClusterClient, ClusterHealth};
+use crate::render::{self, Names, RenderInputs};
 
 pub(super) async fn scale_statefulset(on: &Target<'_>, replicas: u32) -> Result<()> {
     let sts = (on.observed.statefulset.as_ref())
@@ -74,21 +74,41 @@ pub(super) async fn delete_stale_storage(on: &Target<'_>, ordinal: u32) -> Resul
     Ok(())
 }
 
-/// Points the members ConfigMap at the grown cluster, then `member add --learner`.
-pub(super) async fn add_learner(on: &Target<'_>, ordinal: u32) -> Result<()> {
-    let (inputs, names) = (on.inputs, on.names());
-    let health = (on.observed.health.as_ref())
-        .ok_or_else(|| Error::Invalid("no etcd observation".into()))?;
+/// `--initial-cluster` of every member etcd lists (those of other names,
+/// an adopted etcd's old members, with their own names), plus `ordinal`.
+pub(super) fn initial_cluster_of(
+    names: &Names,
+    tls: bool,
+    health: &ClusterHealth,
+    ordinal: Option<u32>,
+) -> String {
     let mut ordinals: Vec<u32> = health
         .members()
         .iter()
         .filter_map(|m| m.member.peer_urls.first())
         .filter_map(|u| names.ordinal_of_peer_url(u))
+        .chain(ordinal)
         .collect();
-    ordinals.push(ordinal);
     ordinals.sort();
     ordinals.dedup();
-    let initial = render::initial_cluster(names, inputs.tls, ordinals);
+    let others: Vec<(String, String)> = health
+        .members()
+        .iter()
+        .filter(|m| m.member.is_started())
+        .filter(|m| {
+            (m.member.peer_urls.first()).is_some_and(|u| names.ordinal_of_peer_url(u).is_none())
+        })
+        .flat_map(|m| (m.member.peer_urls.iter()).map(|u| (m.member.name.clone(), u.clone())))
+        .collect();
+    render::initial_cluster_with(names, tls, ordinals, &others)
+}
+
+/// Points the members ConfigMap at the grown cluster, then `member add --learner`.
+pub(super) async fn add_learner(on: &Target<'_>, ordinal: u32) -> Result<()> {
+    let (inputs, names) = (on.inputs, on.names());
+    let health = (on.observed.health.as_ref())
+        .ok_or_else(|| Error::Invalid("no etcd observation".into()))?;
+    let initial = initial_cluster_of(names, inputs.tls, health, Some(ordinal));
     apply(
         &on.api(),
         &render::members_configmap(inputs, &initial, "existing"),
@@ -223,7 +243,7 @@ pub(super) async fn recover_from_nospace(inputs: &RenderInputs, observed: &Obser
 
 /// The client observe used (pooled), or a new one when etcd did not answer
 /// then (the steps that need etcd only run after it answered).
-async fn etcd_client(observed: &Observed) -> Result<ClusterClient> {
+pub(super) async fn etcd_client(observed: &Observed) -> Result<ClusterClient> {
     match &observed.etcd {
         Some(client) => Ok(client.clone()),
         None => Ok(ClusterClient::connect(&observed.endpoints, &observed.etcd_config).await?),

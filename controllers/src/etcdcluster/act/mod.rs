@@ -5,11 +5,12 @@
 //!
 //! [`execute`] hands each step to one function: the workload objects and
 //! bootstrap in `objects`, the management-side PKI in `pki`, the members
-//! (etcd membership, volumes, restarts, maintenance) in `members`; what
-//! every step acts on in `target`; deletion of the whole cluster is
-//! [`finalize`]. The steps of a version change, which record into the
-//! status, are [`version::execute`]'s.
+//! (etcd membership, volumes, restarts, maintenance) in `members`; the
+//! takeover of a running etcd in `adopt`; what every step acts on in
+//! `target`; deletion of the whole cluster is [`finalize`]. The steps of a
+//! version change, which record into the status, are [`version::execute`]'s.
 
+mod adopt;
 mod finalize;
 mod members;
 mod objects;
@@ -70,5 +71,7 @@ pub async fn execute(
         Step::Version(step) => Err(super::context::Error::Invalid(format!(
             "{step} is taken by the version-change act"
         ))),
+        Step::ImportCa => adopt::import_ca(on).await,
+        Step::RetireMember { member_id } => adopt::retire_member(on, *member_id).await,
     }
 }

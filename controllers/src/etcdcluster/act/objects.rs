@@ -101,16 +101,10 @@ async fn write_tls_secret(on: &Target<'_>, kind: ObjectKind) -> Result<()> {
 /// data, or join as learners that AddLearner announces again.
 async fn write_members_configmap(on: &Target<'_>) -> Result<()> {
     let (inputs, observed, names) = (on.inputs, on.observed, on.names());
-    let ordinals: Vec<u32> = match &observed.health {
-        Some(h) => h
-            .members()
-            .iter()
-            .filter_map(|m| m.member.peer_urls.first())
-            .filter_map(|u| names.ordinal_of_peer_url(u))
-            .collect(),
-        None => observed.pvcs.keys().copied().collect(),
+    let initial = match &observed.health {
+        Some(h) => super::members::initial_cluster_of(names, inputs.tls, h, None),
+        None => render::initial_cluster(names, inputs.tls, observed.pvcs.keys().copied()),
     };
-    let initial = render::initial_cluster(names, inputs.tls, ordinals);
     apply(
         &on.api::<ConfigMap>(),
         &render::members_configmap(inputs, &initial, "existing"),

@@ -51,6 +51,18 @@ pub(super) async fn renew_client_identity(
 /// controller's client identity. Owned by the EtcdCluster (same cluster).
 pub(super) async fn create_pki(cluster: &EtcdCluster, ctx: &Context, names: &Names) -> Result<()> {
     let ca = CertificateAuthority::generate(&format!("etcdfleet {}", names.cluster))?;
+    create_pki_with(cluster, ctx, names, &ca).await
+}
+
+/// Creates the management-side PKI Secret with `ca` (generated, or the
+/// CA of an adopted etcd) and the controller's client identity issued
+/// from it. An existing Secret is kept.
+pub(super) async fn create_pki_with(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    names: &Names,
+    ca: &CertificateAuthority,
+) -> Result<()> {
     let client = ca.issue(&LeafSpec::client(
         "etcdfleet-controller",
         CERT_VALIDITY_DAYS,

@@ -6,6 +6,7 @@ use kube::ResourceExt;
 
 use super::super::context::Context;
 use super::super::plan::EtcdObservation;
+use super::adopt::AdoptionReading;
 use super::objects::Workload;
 use crate::access::{Pki, member_endpoints, observe_members};
 use crate::etcd::{Alarm, ClusterClient, ClusterHealth, EtcdConfig};
@@ -22,24 +23,31 @@ pub struct EtcdReading {
     pub endpoints: Vec<String>,
 }
 
-/// Asks the members at every ordinal with a pod or in the StatefulSet.
+/// Asks the members at every ordinal with a pod or in the StatefulSet,
+/// and, while the cluster adopts a running etcd, the existing members too
+/// (with the TLS the takeover uses, see [`AdoptionReading`]).
 pub async fn read(
     cluster: &EtcdCluster,
     w: &Workload<'_>,
     pki: Option<&Pki>,
-    pod_ordinals: impl Iterator<Item = u32>,
-    statefulset_replicas: u32,
+    (pod_ordinals, statefulset_replicas): (impl Iterator<Item = u32>, u32),
+    adoption: Option<&AdoptionReading>,
     ctx: &Context,
 ) -> EtcdReading {
     let (inputs, names) = (w.inputs, &w.names);
-    let config = ctx.etcd_config(pki, names, ctx.settings.etcd_deadlines, w.cluster);
-    let endpoints = member_endpoints(names, inputs.tls, pod_ordinals, statefulset_replicas);
+    let mut config = ctx.etcd_config(pki, names, ctx.settings.etcd_deadlines, w.cluster);
+    let mut endpoints = member_endpoints(names, inputs.tls, pod_ordinals, statefulset_replicas);
+    if let Some(adopting) = adoption {
+        endpoints.extend(adopting.endpoints.iter().cloned());
+        endpoints.dedup();
+        config.tls = adopting.tls.clone();
+    }
     let pool_key = format!(
         "{}/{}",
         cluster.namespace().unwrap_or_default(),
         cluster.name_any()
     );
-    let (etcd, health, client) = if inputs.tls && pki.is_none() {
+    let (etcd, health, client) = if inputs.tls && config.tls.is_none() {
         (
             EtcdObservation::Unreachable("certificates are being issued".into()),
             None,

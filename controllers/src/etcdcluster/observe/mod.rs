@@ -9,8 +9,10 @@
 //! - [`etcd`]: the members, their health and alarms ([`etcd::EtcdReading`]);
 //! - [`version`]: what the version rules read (the accepted change of minor,
 //!   the backup destination and its snapshot, the v2 store in the pods);
+//! - [`adopt`]: a running etcd being taken over ([`adopt::AdoptionReading`]);
 //! - and what the stored status remembers (failure grace, the last step).
 
+pub mod adopt;
 pub mod etcd;
 pub mod objects;
 pub mod pki;
@@ -30,7 +32,8 @@ pub use volumes::{PVC_MEMBER_ANNOTATION, PVC_OWNER_ANNOTATION, PVC_VERSION_ANNOT
 
 use super::context::{Context, Result, cluster_key};
 use super::plan::{
-    FailedStep, ObjectKind, Observation, READY_POD_GRACE_FACTOR, StatefulSetObservation,
+    AdoptionState, FailedStep, ObjectKind, Observation, READY_POD_GRACE_FACTOR,
+    StatefulSetObservation, adoption_state,
 };
 use super::resolve::Resolved;
 use super::status::Report;
@@ -92,16 +95,20 @@ pub async fn observe(
     let statefulset = objects::read_statefulset(&w, resolved).await?;
     let members = volumes::read(&w).await?;
     let sts_replicas = statefulset_replicas(statefulset.statefulset.as_ref());
+    let mut adoption = adopt::read(cluster, &w, pki.pki.as_ref(), ctx).await?;
+    if let Some(reading) = adoption.as_mut() {
+        reading.observation.spec_version = resolved.resolution.spec.version.to_string();
+    }
     let etcd = etcd::read(
         cluster,
         &w,
         pki.pki.as_ref(),
-        members.pods.keys().copied(),
-        sts_replicas,
+        (members.pods.keys().copied(), sts_replicas),
+        adoption.as_ref(),
         ctx,
     )
     .await;
-    let history = History::of(cluster, etcd.health.as_ref(), ctx, report);
+    let history = History::of(cluster, (etcd.health.as_ref(), &w.names), ctx, report);
 
     let planner = Observation {
         names: w.names.clone(),
@@ -128,7 +135,8 @@ pub async fn observe(
         alarms: etcd.alarms,
         conflicts: [objects.conflicts, statefulset.conflicts, members.conflicts].concat(),
         // The management-side CA is gone but the workload still trusts one: a
-        // lost Secret, not a new cluster (which has neither).
+        // lost Secret, not a new cluster (which has neither; nor has a
+        // cluster that adopts a running etcd before it imported its CA).
         pki_lost: inputs.tls
             && pki.pki.is_none()
             && (objects.tls_secret_ca_present || history.had_members),
@@ -147,7 +155,9 @@ pub async fn observe(
         last_failure: history.last_failure,
         // Filled by the pipeline's restore gate when the cluster restores.
         restore: Default::default(),
+        adoption: None,
     };
+    let planner = with_adoption(planner, adoption.as_mut(), &w, ctx).await;
     Ok(Observed {
         planner,
         statefulset: statefulset.statefulset,
@@ -161,6 +171,30 @@ pub async fn observe(
         server: workload.server.clone(),
         memo_key: (key, fingerprint),
     })
+}
+
+/// The adoption's observation, with the TLS probes of the existing members
+/// before the first change, and their objects nothing uses any more once
+/// the last one has left.
+async fn with_adoption(
+    mut planner: Observation,
+    adoption: Option<&mut adopt::AdoptionReading>,
+    w: &Workload<'_>,
+    ctx: &Context,
+) -> Observation {
+    let Some(reading) = adoption else {
+        return planner;
+    };
+    planner.adoption = Some(reading.observation.clone());
+    match adoption_state(&planner) {
+        Some(AdoptionState::Refused(_) | AdoptionState::Ready) => {
+            reading.probe(&planner.etcd, &planner.names, w, ctx).await;
+        }
+        Some(AdoptionState::Completed) => reading.read_deletable(w).await,
+        _ => return planner,
+    }
+    planner.adoption = Some(reading.observation.clone());
+    planner
 }
 
 /// Workload objects missing or out of date, in the order they are written.
@@ -191,7 +225,7 @@ struct History {
 impl History {
     fn of(
         cluster: &EtcdCluster,
-        health: Option<&ClusterHealth>,
+        (health, names): (Option<&ClusterHealth>, &Names),
         ctx: &Context,
         report: &Report,
     ) -> Self {
@@ -225,7 +259,11 @@ impl History {
             failed_long_ago,
             last_failure,
             known_voters: old_status.members.iter().filter(|m| !m.learner).count() as u32,
-            had_members: !old_status.members.is_empty(),
+            // Members of this cluster (an adopted etcd's old members are not).
+            had_members: old_status
+                .members
+                .iter()
+                .any(|m| names.ordinal_of(&m.name).is_some()),
         }
     }
 }

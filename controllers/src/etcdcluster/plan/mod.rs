@@ -14,8 +14,10 @@
 //! answers), [`members`] (the running cluster as the membership rules see
 //! it), [`quorum`]; the rules themselves in [`guards`], [`bootstrap`],
 //! [`repair`], [`scale`], [`roll`], [`maintenance`] and [`version`] (the
-//! preflight of a change of minor version and etcd's online downgrade).
+//! preflight of a change of minor version and etcd's online downgrade),
+//! and the takeover of a running etcd in [`adopt`].
 
+pub mod adopt;
 pub mod bootstrap;
 pub mod guards;
 pub mod maintenance;
@@ -28,12 +30,14 @@ pub mod scale;
 pub mod step;
 pub mod version;
 
+pub use adopt::{AdoptionState, adoption_state};
 pub use guards::{RETRY_BASE, RETRY_MAX, identity_mismatch, retry_delay};
 pub use maintenance::DEFRAG_MIN_FREE_BYTES;
 pub use members::Members;
 pub use observation::{
-    EtcdObservation, FailedStep, ForeignObject, Observation, PodObservation, PvcObservation,
-    READY_POD_GRACE_FACTOR, RestoreGate, StatefulSetObservation, VersionObservation,
+    AdoptionObservation, EtcdObservation, FailedStep, ForeignObject, Observation, PodObservation,
+    ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR, RestoreGate, StatefulSetObservation,
+    TrustProbe, VersionObservation,
 };
 pub use quorum::{CutOff, QUORUM_LOSS_HELP, QuorumView, quorum_view};
 pub use step::{ObjectKind, Plan, Refusal, RemovalCause, Step, VersionStep};
@@ -56,16 +60,23 @@ pub const RULES: &[(&str, Rule)] = &[
     // take, a version the members' reported version forbids).
     ("refusals", O(guards::refusals)),
     ("restore gate", O(guards::restore_gate)),
+    // Adoption of a running etcd: refused while a preflight check fails,
+    // halted when its membership changes underneath the takeover.
+    ("adoption gate", O(adopt::adoption_gate)),
     // A change of minor version: what must come before the StatefulSet
     // write that starts its roll (a snapshot, etcd's downgrade enable); a
     // failed snapshot refuses the change with its own reason.
     ("version change preflight", O(version::preflight)),
     ("failing step backs off", O(guards::failure_backoff)),
     ("online downgrade", O(version::downgrade)),
+    ("adoption: the existing CA", O(adopt::import_ca)),
     // The workload objects exist and match their inputs: Services, PKI and
     // TLS Secrets (certificates are renewed here), ConfigMap, StatefulSet
     // (unless a change of minor version holds it).
     ("missing or stale objects", O(bootstrap::stale_objects)),
+    // An adopting cluster's first member joins the running etcd; it never
+    // bootstraps a new one.
+    ("adoption: the first member", O(adopt::first_member)),
     ("bootstrap", O(bootstrap::bootstrap)),
     ("no member answers", O(bootstrap::no_member_answers)),
     // From here on a StatefulSet exists and members answer.
@@ -82,6 +93,9 @@ pub const RULES: &[(&str, Rule)] = &[
     ("shrink after a removal", M(scale::shrink_statefulset)),
     ("delete removed volumes", M(scale::delete_removed_volumes)),
     ("remove beyond the size", M(scale::remove_beyond_size)),
+    // Adoption: the running etcd's old members are taken over before any
+    // member this cluster does not own is reported as foreign.
+    ("adoption: take over", M(adopt::take_over)),
     ("foreign members", M(scale::foreign_members)),
     ("scale up", M(scale::scale_up)),
     // Version and configuration.

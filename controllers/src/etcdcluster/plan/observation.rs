@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::etcd::{Alarm, ClusterHealth};
+use crate::etcd::{Alarm, ClusterHealth, ProbeError};
 use crate::render::Names;
 
 use super::step::{ObjectKind, Refusal};
@@ -104,6 +104,54 @@ pub struct Observation {
     /// A cluster bootstrapping from a snapshot (`spec.bootstrap.restore`):
     /// whether the snapshot was verified (see [`RestoreGate`]).
     pub restore: RestoreGate,
+    /// A cluster taking over a running etcd (`spec.bootstrap.join`), until
+    /// the takeover is complete (see [`AdoptionObservation`]).
+    pub adoption: Option<AdoptionObservation>,
+}
+
+/// What a cluster that takes over a running etcd knows besides etcd's own
+/// answers (which include the existing members while it adopts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdoptionObservation {
+    /// Whether the join credentials can be used; `Err` says why not.
+    pub credentials: Result<(), String>,
+    /// The management-side PKI Secret exists (the existing CA was imported).
+    pub ca_imported: bool,
+    /// The client URLs the spec names.
+    pub endpoints: Vec<String>,
+    /// The version the spec asks for, as written (a rejected version change
+    /// leaves the other rules at the running one; a takeover must not start
+    /// at a version the spec does not ask for).
+    pub spec_version: String,
+    /// The existing members recorded (stored status) when the takeover
+    /// started, or at the last preflight before it.
+    pub recorded: BTreeSet<u64>,
+    /// Existing members etcdfleet removed, each recorded before its removal.
+    pub retired: BTreeSet<u64>,
+    /// TLS probes of the existing members' client and peer ports, made
+    /// before the takeover starts (see [`crate::etcd::probe`]).
+    pub probes: Vec<TrustProbe>,
+    /// Workload objects of the old members nothing uses any more, read
+    /// once the last old member left.
+    pub deletable: Vec<String>,
+}
+
+/// Which port of an existing member a probe asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbedPort {
+    /// The client port, shown the controller's client identity.
+    Client,
+    /// The peer port, shown the peer certificate etcdfleet's members present.
+    Peer,
+}
+
+/// One TLS probe: `Ok(asked)` when the port answered, `asked` saying
+/// whether it asked for a certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustProbe {
+    pub url: String,
+    pub port: ProbedPort,
+    pub result: Result<bool, ProbeError>,
 }
 
 /// What the version rules ([`super::version`]) see beyond the rest of

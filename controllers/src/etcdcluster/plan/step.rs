@@ -103,6 +103,15 @@ pub enum Step {
     /// A step of a change of minor version: a snapshot before it, etcd's
     /// online downgrade ([`super::version`]).
     Version(VersionStep),
+    /// Adoption: make the existing cluster's CA (from the join credentials)
+    /// this cluster's CA, with the controller's client identity issued from it.
+    ImportCa,
+    /// Adoption: remove an old member of the adopted cluster from the
+    /// membership (recorded in status before it is removed). Its pod,
+    /// StatefulSet and volume are its owner's and are never touched.
+    RetireMember {
+        member_id: u64,
+    },
 }
 
 impl Step {
@@ -123,6 +132,8 @@ impl Step {
             Step::RecoverFromNoSpace => "RecoverFromNoSpace",
             Step::Defragment { .. } => "Defragment",
             Step::Version(step) => step.kind(),
+            Step::ImportCa => "ImportCa",
+            Step::RetireMember { .. } => "RetireMember",
         }
     }
 
@@ -145,7 +156,9 @@ impl Step {
             | Step::RemoveMember { .. }
             | Step::DeletePvc { .. }
             | Step::RecoverFromNoSpace
-            | Step::Version(_) => None,
+            | Step::Version(_)
+            | Step::ImportCa
+            | Step::RetireMember { .. } => None,
         }
     }
 
@@ -155,6 +168,7 @@ impl Step {
         matches!(
             self,
             Step::RemoveMember { .. }
+                | Step::RetireMember { .. }
                 | Step::DeletePvc { .. }
                 | Step::DeleteStaleStorage { .. }
                 | Step::RestartMember { .. }
@@ -224,6 +238,15 @@ impl fmt::Display for Step {
                 write!(f, "defragment member {member_id:x} (ordinal {ordinal})")
             }
             Step::Version(step) => step.fmt(f),
+            Step::ImportCa => write!(
+                f,
+                "import the existing cluster's CA as this cluster's CA (adoption)"
+            ),
+            Step::RetireMember { member_id } => write!(
+                f,
+                "remove old member {member_id:x} of the adopted cluster from the membership \
+                 (its pod and volume are left to their owner)"
+            ),
         }
     }
 }

@@ -32,6 +32,7 @@ pub(crate) fn member(
         },
         status: healthy.then(|| MemberStatus {
             member_id: id,
+            cluster_id: 1,
             version: "3.5.1".into(),
             leader: if leader { id } else { 0 },
             raft_index: 50,
@@ -102,6 +103,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
         known_voters: n,
         restore: RestoreGate::NotNeeded,
         last_failure: None,
+        adoption: None,
     }
 }
 

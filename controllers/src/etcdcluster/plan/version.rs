@@ -340,6 +340,7 @@ mod fixtures {
             },
             status: Some(MemberStatus {
                 member_id: id,
+                cluster_id: 0,
                 version: version.into(),
                 leader: 100,
                 raft_index: 50,
@@ -403,6 +404,7 @@ mod fixtures {
             known_voters: n,
             last_failure: None,
             restore: RestoreGate::NotNeeded,
+            adoption: None,
         }
     }
 
