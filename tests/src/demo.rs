@@ -798,10 +798,15 @@ fn plain(step: &Step) -> String {
         }
         Step::ScaleStatefulSet { replicas } => format!("run {replicas} etcd pods"),
         Step::RecordPvcMember {
-            ordinal, member_id, ..
-        } => {
-            format!("label the data volume of pod {ordinal} with its member id {member_id:x}")
-        }
+            ordinal,
+            member_id,
+            version,
+        } => match version {
+            Some(v) => {
+                format!("label the data volume of pod {ordinal}: member {member_id:x}, etcd {v}")
+            }
+            None => format!("label the data volume of pod {ordinal}: member {member_id:x}"),
+        },
         other => other.to_string(),
     }
 }

@@ -204,6 +204,27 @@ pub fn cluster_version(fleet: &Fleet, workload: &str, name: &str, ordinal: u32) 
         .context("no etcd_cluster_version metric")
 }
 
+/// [`cluster_version`] once it starts with `prefix` (etcd sets the cluster
+/// version a moment after the members agree; under load, seconds), or the
+/// last answer after 20 s.
+pub async fn wait_cluster_version(
+    fleet: &Fleet,
+    workload: &str,
+    name: &str,
+    ordinal: u32,
+    prefix: &str,
+) -> Result<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = cluster_version(fleet, workload, name, ordinal);
+        let done = answer.as_ref().is_ok_and(|v| v.starts_with(prefix));
+        if done || std::time::Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A fleet of `workloads` with `clusters` created and converged, and the
 /// controller that converged them.
 pub async fn running(

@@ -109,5 +109,17 @@ async fn the_demo_completes_every_phase_and_heals_the_broken_member() -> Result<
         "the healed member has a new id"
     );
     assert!(text.contains("Summary"));
+
+    // No step repeats without a change: each volume record names a member
+    // and the etcd version on it, and none is written twice.
+    let mut records = std::collections::BTreeMap::new();
+    for s in summary.steps().filter(|s| s.kind == "RecordPvcMember") {
+        *records
+            .entry((s.cluster.as_str(), s.text.as_str()))
+            .or_insert(0) += 1;
+    }
+    let repeated: Vec<_> = records.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(!records.is_empty(), "no volume was ever recorded");
+    assert!(repeated.is_empty(), "volume records repeated: {repeated:?}");
     Ok(())
 }

@@ -20,8 +20,8 @@ use etcdfleet_tests::driver::converge;
 use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::scenario::{
-    NS, WORKLOAD_NS, cluster, cluster_version, controller, converge_all, create, etcd_of,
-    fast_raft, get, patch_spec, put, read_everywhere, running,
+    NS, WORKLOAD_NS, cluster, controller, converge_all, create, etcd_of, fast_raft, get,
+    patch_spec, put, read_everywhere, running, wait_cluster_version,
 };
 use etcdfleet_tests::versions::{check_flags, pods_run_their_releases_flags};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -72,7 +72,8 @@ async fn a_rolling_upgrade_from_3_4_to_3_5_loses_no_write_across_controller_rest
         before.status.as_ref().unwrap().current_version.as_deref(),
         Some("3.4.23")
     );
-    assert!(cluster_version(&fleet, "a", "etcd-a", 0)?.starts_with("3.4"));
+    let before_version = wait_cluster_version(&fleet, "a", "etcd-a", 0, "3.4").await?;
+    assert!(before_version.starts_with("3.4"), "{before_version}");
     put(&fleet, "a", "etcd-a", 3, "written-on-3.4").await?;
 
     let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
@@ -150,14 +151,7 @@ async fn a_rolling_upgrade_from_3_4_to_3_5_loses_no_write_across_controller_rest
     assert_eq!(status.current_version.as_deref(), Some("3.5.1"));
     assert_eq!(accepted(&after).0, "True");
     // etcd itself moved the cluster version once every member ran 3.5.
-    let mut version = String::new();
-    for _ in 0..50 {
-        version = cluster_version(&fleet, "a", "etcd-a", 0)?;
-        if version.starts_with("3.5") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let version = wait_cluster_version(&fleet, "a", "etcd-a", 0, "3.5").await?;
     assert_eq!(version, "3.5", "cluster version reported by etcd");
     read_everywhere(&fleet, "a", "etcd-a", 3, "written-on-3.4").await?;
     Ok(())
