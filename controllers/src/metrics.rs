@@ -48,6 +48,17 @@ struct ClusterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutLabels {
+    rollout: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutStateLabels {
+    rollout: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterReasonLabels {
     cluster: String,
     reason: String,
@@ -72,6 +83,9 @@ pub struct Metrics {
     /// The failure reasons counted per cluster, so a deleted cluster's
     /// series can be dropped.
     backup_failure_reasons: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
+    rollout_plan_duration: Histogram,
+    rollout_writes: Family<RolloutLabels, Counter>,
+    rollout_clusters: Family<RolloutStateLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -153,6 +167,24 @@ impl Metrics {
             "Failed backup attempts, by cluster and reason",
             backup_failures.clone(),
         );
+        let rollout_plan_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let rollout_writes = Family::default();
+        let rollout_clusters = Family::default();
+        registry.register(
+            "rollout_plan_duration_seconds",
+            "Duration of one rollout planning pass (pure, over the cached clusters)",
+            rollout_plan_duration.clone(),
+        );
+        registry.register(
+            "rollout_cluster_writes",
+            "EtcdClusters written by a fleet rollout, by rollout",
+            rollout_writes.clone(),
+        );
+        registry.register(
+            "rollout_clusters",
+            "Clusters of a fleet rollout by state (Pending, InProgress, Done, Failed, Skipped)",
+            rollout_clusters.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -169,6 +201,35 @@ impl Metrics {
             backup_duration,
             backup_failures,
             backup_failure_reasons: Mutex::new(HashMap::new()),
+            rollout_plan_duration,
+            rollout_writes,
+            rollout_clusters,
+        }
+    }
+
+    /// One rollout planning pass took `took`.
+    pub fn observe_rollout_plan(&self, took: Duration) {
+        self.rollout_plan_duration.observe(took.as_secs_f64());
+    }
+
+    /// A rollout wrote one cluster.
+    pub fn count_rollout_write(&self, rollout: &str) {
+        self.rollout_writes
+            .get_or_create(&RolloutLabels {
+                rollout: rollout.to_string(),
+            })
+            .inc();
+    }
+
+    /// How many clusters of a rollout are in each state.
+    pub fn set_rollout_clusters(&self, rollout: &str, states: &[(&str, i32)]) {
+        for (state, n) in states {
+            self.rollout_clusters
+                .get_or_create(&RolloutStateLabels {
+                    rollout: rollout.to_string(),
+                    state: state.to_string(),
+                })
+                .set(i64::from(*n));
         }
     }
 

@@ -23,10 +23,13 @@ use etcdfleet_api::template::{Resolution, ResolveError, resolve};
 use etcdfleet_api::validation::validate_object;
 use etcdfleet_api::version::{VersionChange, VersionRejection, decide, parse_full_version};
 use etcdfleet_api::{
-    ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdTemplate, MemberStatus, TemplateKind,
+    ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdFleetRollout, EtcdTemplate,
+    MemberStatus, TemplateKind,
 };
 use kube::{CustomResourceExt, ResourceExt};
 use serde::Deserialize;
+
+mod document;
 
 use crate::etcd::{ClusterHealth, Member, MemberObservation, MemberStatus as EtcdMemberStatus};
 use crate::etcdcluster::plan::{
@@ -38,75 +41,7 @@ use crate::etcdcluster::resolve::{
 };
 use crate::render::{self, Names, RenderInputs, RenderProfile};
 
-/// One YAML document read as the API server reads a JSON body: integers
-/// beyond 64 bits become floats (which the schema then refuses with the
-/// field's path) instead of failing the whole stream; map keys are strings.
-struct JsonDocument(serde_json::Value);
-
-impl<'de> Deserialize<'de> for JsonDocument {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(JsonVisitor).map(JsonDocument)
-    }
-}
-
-struct JsonVisitor;
-
-impl<'de> serde::de::Visitor<'de> for JsonVisitor {
-    type Value = serde_json::Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a YAML value")
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_i128<E>(self, v: i128) -> Result<Self::Value, E> {
-        Ok((v as f64).into())
-    }
-    fn visit_u128<E>(self, v: u128) -> Result<Self::Value, E> {
-        Ok((v as f64).into())
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
-        // NaN and infinities have no JSON form: null, which no schema accepts.
-        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(serde_json::Value::Null)
-    }
-    fn visit_none<E>(self) -> Result<Self::Value, E> {
-        Ok(serde_json::Value::Null)
-    }
-    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(JsonVisitor)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut out = Vec::new();
-        while let Some(JsonDocument(v)) = seq.next_element()? {
-            out.push(v);
-        }
-        Ok(out.into())
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut out = serde_json::Map::new();
-        while let Some((JsonDocument(k), JsonDocument(v))) = map.next_entry()? {
-            let key = match k {
-                serde_json::Value::String(s) => s,
-                other => other.to_string(),
-            };
-            out.insert(key, v);
-        }
-        Ok(out.into())
-    }
-}
+use document::JsonDocument;
 
 /// Bad input files.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +68,7 @@ pub struct Manifests {
     pub clusters: Vec<EtcdCluster>,
     pub templates: Vec<EtcdTemplate>,
     pub cluster_templates: Vec<ClusterEtcdTemplate>,
+    pub rollouts: Vec<EtcdFleetRollout>,
     /// `kind name` of documents of other kinds, which are skipped.
     pub ignored: Vec<String>,
     /// Objects of the project's kinds that the API server would refuse; the
@@ -235,7 +171,11 @@ impl Manifests {
             .to_string();
         let typed = |e: serde_json::Error| format!("{kind} {name:?}: {e}");
         match kind.as_str() {
-            "List" | "EtcdClusterList" | "EtcdTemplateList" | "ClusterEtcdTemplateList" => {
+            "List"
+            | "EtcdClusterList"
+            | "EtcdTemplateList"
+            | "ClusterEtcdTemplateList"
+            | "EtcdFleetRolloutList" => {
                 let items = value
                     .get("items")
                     .and_then(|i| i.as_array())
@@ -245,7 +185,7 @@ impl Manifests {
                     self.add_value(item, source_name, index)?;
                 }
             }
-            "EtcdCluster" | "EtcdTemplate" | "ClusterEtcdTemplate" => {
+            "EtcdCluster" | "EtcdTemplate" | "ClusterEtcdTemplate" | "EtcdFleetRollout" => {
                 let invalid = |errors: Vec<String>| InvalidObject {
                     source_name: source_name.to_string(),
                     index,
@@ -260,6 +200,9 @@ impl Manifests {
                 let added = match kind.as_str() {
                     "EtcdCluster" => serde_json::from_value(json).map(|c| self.clusters.push(c)),
                     "EtcdTemplate" => serde_json::from_value(json).map(|t| self.templates.push(t)),
+                    "EtcdFleetRollout" => {
+                        serde_json::from_value(json).map(|r| self.rollouts.push(r))
+                    }
                     _ => serde_json::from_value(json).map(|t| self.cluster_templates.push(t)),
                 };
                 if let Err(e) = added {
@@ -275,6 +218,7 @@ impl Manifests {
         self.clusters.extend(other.clusters);
         self.templates.extend(other.templates);
         self.cluster_templates.extend(other.cluster_templates);
+        self.rollouts.extend(other.rollouts);
         self.ignored.extend(other.ignored);
         self.invalid.extend(other.invalid);
     }
