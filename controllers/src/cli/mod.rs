@@ -110,6 +110,7 @@ pub fn validate_offline(kind: &str, object: &serde_json::Value) -> Result<(), Ve
         "EtcdCluster" => EtcdCluster::crd(),
         "EtcdTemplate" => EtcdTemplate::crd(),
         "ClusterEtcdTemplate" => ClusterEtcdTemplate::crd(),
+        "EtcdFleetRollout" => EtcdFleetRollout::crd(),
         other => return Err(vec![format!("kind: {other} is not an etcdfleet kind")]),
     };
     match validate_object(&crd, object, None) {
