@@ -29,6 +29,7 @@
 
 mod audit;
 mod nodes;
+pub mod rollouts;
 pub mod scenario;
 pub mod world;
 
