@@ -493,13 +493,14 @@ async fn run_rollouts(
 ) {
     let ready = async {
         for store in &stores {
-            store.wait_until_ready().await.is_ok().then_some(())?;
+            cache_ready(store).await.then_some(())?;
         }
         Some(())
     };
     if shutdown.race(ready).await.flatten().is_none() {
         return;
     }
+    info!("rollout controller running over the EtcdCluster caches");
     let client = ctx.management.clone();
     let cache: rollout::ClusterCache =
         Arc::new(move || stores.iter().flat_map(|s| s.state()).collect());
@@ -528,6 +529,20 @@ async fn run_rollouts(
             futures::future::ready(())
         })
         .await;
+}
+
+/// Whether a cluster controller's cache got its first list (false: its
+/// writer is gone). `Store::wait_until_ready` wakes only the last task that
+/// polled it (kube-runtime's `DelayedInit` is a oneshot channel with one
+/// waker), and the controller's own applier waits on the same store, so a
+/// second waiter would sleep forever: it is polled again every 200 ms.
+async fn cache_ready(store: &Store<EtcdCluster>) -> bool {
+    loop {
+        let attempt = tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready());
+        if let Ok(outcome) = attempt.await {
+            return outcome.is_ok();
+        }
+    }
 }
 
 /// Waits for shutdown (or a loop that died), lets in-flight reconciles
