@@ -8,6 +8,7 @@ pub mod backup;
 pub mod conditions;
 pub mod destination;
 pub mod restore;
+pub mod rollout;
 pub mod template;
 pub mod types;
 pub mod validation;
@@ -16,6 +17,10 @@ pub mod version;
 pub use backup::{
     EtcdBackup, EtcdBackupSchedule, EtcdBackupScheduleSpec, EtcdBackupScheduleStatus,
     EtcdBackupSpec, EtcdBackupStatus, RetentionPolicy,
+};
+pub use rollout::{
+    ClusterRolloutStatus, EtcdFleetRollout, EtcdFleetRolloutSpec, EtcdFleetRolloutStatus,
+    FleetSelector, MaintenanceWindow, RolloutStrategy,
 };
 pub use types::*;
 

@@ -435,6 +435,22 @@ pub struct EtcdClusterStatus {
     /// objects nothing uses any more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adoption: Option<crate::adopt::AdoptionStatus>,
+
+    /// The `EtcdFleetRollout` whose change this cluster's spec carries, as
+    /// the rollout recorded it on the cluster when it wrote the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutRecord>,
+}
+
+/// A fleet rollout that changed a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutRecord {
+    /// The `EtcdFleetRollout`'s name.
+    pub name: String,
+    /// What it changed (`version 3.5.35`, `template ClusterEtcdTemplate/ha-3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<String>,
 }
 
 /// A snapshot taken, stored and verified before a change of minor version.

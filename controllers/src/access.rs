@@ -32,6 +32,10 @@ use crate::render::{self, Names};
 /// `crate::config::ControllerConfig::owns`).
 pub type OwnerFilter = Arc<dyn Fn(&EtcdCluster) -> bool + Send + Sync>;
 
+/// The access shared by the reconcilers above the cluster reconciler
+/// (backups, rollouts): the cluster reconciler's context is one.
+pub type SharedAccess = Arc<dyn AsRef<Access> + Send + Sync>;
+
 /// What every reconciler reaches the clusters through, shared by all reconciles.
 pub struct Access {
     pub management: Client,
@@ -83,6 +87,19 @@ impl Access {
     /// Publishes an event about a cluster; a failure to publish is logged,
     /// never fatal.
     pub async fn publish(&self, cluster: &EtcdCluster, type_: EventType, reason: &str, note: &str) {
+        self.publish_about(&cluster.object_ref(&()), type_, reason, note)
+            .await
+    }
+
+    /// Publishes an event about any object (a cluster-scoped one's event
+    /// goes to the `default` namespace); a failure to publish is logged.
+    pub async fn publish_about(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_string(),
@@ -90,11 +107,7 @@ impl Access {
             action: reason.to_string(),
             secondary: None,
         };
-        if let Err(e) = self
-            .recorder
-            .publish(&event, &cluster.object_ref(&()))
-            .await
-        {
+        if let Err(e) = self.recorder.publish(&event, reference).await {
             warn!(error = %e, "failed to publish event");
         }
     }

@@ -480,6 +480,14 @@ impl ControllerConfig {
         ns_ok && self.selector.matches(cluster.labels())
     }
 
+    /// Whether this controller reconciles a fleet rollout: its label
+    /// selector takes the rollout's labels, as for clusters (a rollout is
+    /// cluster-scoped; the clusters it writes are still only this
+    /// controller's own, see [`Self::owns`]).
+    pub fn owns_rollout(&self, rollout: &etcdfleet_api::EtcdFleetRollout) -> bool {
+        self.selector.matches(rollout.labels())
+    }
+
     /// Why the cluster is not owned (for `Outcome::Blocked` and logs).
     pub fn describe_scope(&self) -> String {
         let ns = if self.namespaces.is_empty() {

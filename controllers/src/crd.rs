@@ -6,7 +6,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use etcdfleet_api::{
-    ClusterEtcdTemplate, EtcdBackup, EtcdBackupSchedule, EtcdCluster, EtcdTemplate,
+    ClusterEtcdTemplate, EtcdBackup, EtcdBackupSchedule, EtcdCluster, EtcdFleetRollout,
+    EtcdTemplate,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -37,6 +38,7 @@ pub fn storage_version_crds() -> Vec<CustomResourceDefinition> {
         ClusterEtcdTemplate::crd(),
         EtcdBackup::crd(),
         EtcdBackupSchedule::crd(),
+        EtcdFleetRollout::crd(),
     ]
 }
 

@@ -15,6 +15,7 @@ pub mod names;
 pub mod pki;
 pub mod render;
 pub mod restore;
+pub mod rollout;
 pub mod runner;
 pub mod snapshot;
 pub mod store;

@@ -65,6 +65,17 @@ struct CertificateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutLabels {
+    rollout: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutStateLabels {
+    rollout: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterReasonLabels {
     cluster: String,
     reason: String,
@@ -97,6 +108,9 @@ pub struct Metrics {
     /// The failure reasons counted per cluster, so a deleted cluster's
     /// series can be dropped.
     backup_failure_reasons: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
+    rollout_plan_duration: Histogram,
+    rollout_writes: Family<RolloutLabels, Counter>,
+    rollout_clusters: Family<RolloutStateLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -113,97 +127,88 @@ pub trait PlanLabel {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("etcdfleet");
-        let reconciles = Counter::default();
-        let failures = Family::<ReasonLabels, Counter>::default();
-        let reconcile_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
-        let steps = Family::<StepLabels, Counter>::default();
-        let step_duration = Family::<StepKindLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.005, 2.0, 14))
-        });
-        let plans = Family::<PlanLabels, Counter>::default();
-        let clusters = Family::<ConditionLabels, Gauge>::default();
-        registry.register(
+        let mut r = Registry::with_prefix("etcdfleet");
+        let reconciles = registered(
+            &mut r,
             "reconciles",
             "Reconciles of EtcdClusters",
-            reconciles.clone(),
+            Counter::default(),
         );
-        registry.register(
+        let failures = registered(
+            &mut r,
             "reconcile_failures",
             "Failed reconciles by reason",
-            failures.clone(),
+            Family::<ReasonLabels, Counter>::default(),
         );
-        registry.register(
+        let reconcile_duration = registered(
+            &mut r,
             "reconcile_duration_seconds",
             "Duration of one reconcile",
-            reconcile_duration.clone(),
+            Histogram::new(exponential_buckets(0.005, 2.0, 14)),
         );
-        registry.register("steps", "Steps taken, by kind and outcome", steps.clone());
-        registry.register(
+        let steps = registered(
+            &mut r,
+            "steps",
+            "Steps taken, by kind and outcome",
+            Family::<StepLabels, Counter>::default(),
+        );
+        let step_duration = registered(
+            &mut r,
             "step_duration_seconds",
             "Duration of one step, by kind",
-            step_duration.clone(),
+            Family::<StepKindLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.005, 2.0, 14))
+            }),
         );
-        registry.register(
+        let plans = registered(
+            &mut r,
             "plans",
             "Planner answers (act, wait, converged)",
-            plans.clone(),
+            Family::<PlanLabels, Counter>::default(),
         );
-        registry.register(
+        let clusters = registered(
+            &mut r,
             "clusters",
             "EtcdClusters by condition and status",
-            clusters.clone(),
+            Family::<ConditionLabels, Gauge>::default(),
         );
-        let cluster_condition = Family::default();
-        let cluster_voters = Family::default();
-        let cluster_healthy_voters = Family::default();
-        let certificate_expiry = Family::default();
-        registry.register(
+        let cluster_condition = registered(
+            &mut r,
             "cluster_condition",
             "1 for each condition of each EtcdCluster (namespace/name), with its status and reason",
-            cluster_condition.clone(),
+            Family::default(),
         );
-        registry.register(
+        let cluster_voters = registered(
+            &mut r,
             "cluster_voters",
             "Voting members observed in etcd, by cluster",
-            cluster_voters.clone(),
+            Family::default(),
         );
-        registry.register(
+        let cluster_healthy_voters = registered(
+            &mut r,
             "cluster_healthy_voters",
             "Voting members that answer a linearizable read, by cluster",
-            cluster_healthy_voters.clone(),
+            Family::default(),
         );
-        registry.register(
+        let certificate_expiry = registered(
+            &mut r,
             "certificate_expiry_timestamp_seconds",
             "When a cluster's certificate expires (Unix seconds): ca, or the controller's client certificate",
-            certificate_expiry.clone(),
+            Family::default(),
         );
-        let backup_age = Family::default();
-        let backup_size = Family::default();
-        let backup_duration = Histogram::new(exponential_buckets(0.1, 2.0, 14));
-        let backup_failures = Family::default();
-        registry.register(
-            "backup_age_seconds",
-            "Age of the newest successful backup, by cluster (namespace/name)",
-            backup_age.clone(),
-        );
-        registry.register(
-            "backup_size_bytes",
-            "Size of the newest successful backup, by cluster",
-            backup_size.clone(),
-        );
-        registry.register(
-            "backup_duration_seconds",
-            "Duration of a successful backup (stream, upload, verification)",
-            backup_duration.clone(),
-        );
-        registry.register(
-            "backup_failures",
-            "Failed backup attempts, by cluster and reason",
-            backup_failures.clone(),
-        );
+        let BackupSeries {
+            backup_age,
+            backup_size,
+            backup_duration,
+            backup_failures,
+        } = BackupSeries::register(&mut r);
+        let RolloutSeries {
+            rollout_plan_duration,
+            rollout_writes,
+            rollout_clusters,
+        } = RolloutSeries::register(&mut r);
         Metrics {
-            registry,
+            registry: r,
             reconciles,
             failures,
             reconcile_duration,
@@ -222,6 +227,35 @@ impl Metrics {
             backup_duration,
             backup_failures,
             backup_failure_reasons: Mutex::new(HashMap::new()),
+            rollout_plan_duration,
+            rollout_writes,
+            rollout_clusters,
+        }
+    }
+
+    /// One rollout planning pass took `took`.
+    pub fn observe_rollout_plan(&self, took: Duration) {
+        self.rollout_plan_duration.observe(took.as_secs_f64());
+    }
+
+    /// A rollout wrote one cluster.
+    pub fn count_rollout_write(&self, rollout: &str) {
+        self.rollout_writes
+            .get_or_create(&RolloutLabels {
+                rollout: rollout.to_string(),
+            })
+            .inc();
+    }
+
+    /// How many clusters of a rollout are in each state.
+    pub fn set_rollout_clusters(&self, rollout: &str, states: &[(&str, i32)]) {
+        for (state, n) in states {
+            self.rollout_clusters
+                .get_or_create(&RolloutStateLabels {
+                    rollout: rollout.to_string(),
+                    state: state.to_string(),
+                })
+                .set(i64::from(*n));
         }
     }
 
@@ -456,6 +490,95 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         out
     }
+}
+
+/// The backup series, registered together.
+struct BackupSeries {
+    backup_age: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    backup_size: Family<ClusterLabels, Gauge>,
+    backup_duration: Histogram,
+    backup_failures: Family<ClusterReasonLabels, Counter>,
+}
+
+impl BackupSeries {
+    fn register(r: &mut Registry) -> Self {
+        let backup_age = registered(
+            r,
+            "backup_age_seconds",
+            "Age of the newest successful backup, by cluster (namespace/name)",
+            Family::default(),
+        );
+        let backup_size = registered(
+            r,
+            "backup_size_bytes",
+            "Size of the newest successful backup, by cluster",
+            Family::default(),
+        );
+        let backup_duration = registered(
+            r,
+            "backup_duration_seconds",
+            "Duration of a successful backup (stream, upload, verification)",
+            Histogram::new(exponential_buckets(0.1, 2.0, 14)),
+        );
+        let backup_failures = registered(
+            r,
+            "backup_failures",
+            "Failed backup attempts, by cluster and reason",
+            Family::default(),
+        );
+        BackupSeries {
+            backup_age,
+            backup_size,
+            backup_duration,
+            backup_failures,
+        }
+    }
+}
+
+/// The fleet rollout series, registered together.
+struct RolloutSeries {
+    rollout_plan_duration: Histogram,
+    rollout_writes: Family<RolloutLabels, Counter>,
+    rollout_clusters: Family<RolloutStateLabels, Gauge>,
+}
+
+impl RolloutSeries {
+    fn register(r: &mut Registry) -> Self {
+        let rollout_plan_duration = registered(
+            r,
+            "rollout_plan_duration_seconds",
+            "Duration of one rollout planning pass (pure, over the cached clusters)",
+            Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+        );
+        let rollout_writes = registered(
+            r,
+            "rollout_cluster_writes",
+            "EtcdClusters written by a fleet rollout, by rollout",
+            Family::default(),
+        );
+        let rollout_clusters = registered(
+            r,
+            "rollout_clusters",
+            "Clusters of a fleet rollout by state (Pending, InProgress, Done, Failed, Skipped)",
+            Family::default(),
+        );
+        RolloutSeries {
+            rollout_plan_duration,
+            rollout_writes,
+            rollout_clusters,
+        }
+    }
+}
+
+/// Registers `metric` under `name` and returns it (a handle to the same series).
+fn registered<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 fn cluster_labels(cluster: &str) -> ClusterLabels {

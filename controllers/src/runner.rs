@@ -16,10 +16,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::{EtcdCluster, EtcdFleetRollout};
 use futures::StreamExt;
 use kube::api::ListParams;
 use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -31,6 +32,7 @@ use crate::etcdcluster::{self, Context, ReconcilerSettings};
 use crate::http::{Health, serve_http};
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
+use crate::rollout;
 
 /// How long one attempt to reach the API server may take before it counts as
 /// failed (a server that accepts and never answers must not stall start-up).
@@ -434,10 +436,12 @@ fn start_controllers(
         .concurrency(config.max_concurrent_reconciles)
         .debounce(Duration::from_millis(config.debounce_milliseconds));
     let mut loops = tokio::task::JoinSet::new();
+    let mut stores = Vec::new();
     for api in apis {
         let controller = Controller::new(api, watch_config.clone())
             .with_config(controller_config.clone())
             .graceful_shutdown_on(shutdown.wait());
+        stores.push(controller.store());
         let server = server.to_string();
         loops.spawn(
             controller
@@ -452,6 +456,13 @@ fn start_controllers(
                 }),
         );
     }
+    loops.spawn(run_rollouts(
+        stores,
+        config.clone(),
+        ctx.clone(),
+        server.to_string(),
+        shutdown.clone(),
+    ));
     // Backups and schedules share the cluster reconciler's context (clients,
     // dialer, metrics) and end on the same shutdown.
     {
@@ -466,6 +477,72 @@ fn start_controllers(
         });
     }
     loops
+}
+
+/// The fleet rollout controller: every EtcdFleetRollout this controller's
+/// label selector takes, planned over the cluster controllers' own caches
+/// (`stores`), so a rollout over any number of clusters adds no list or
+/// watch of clusters. It starts once those caches hold their first list:
+/// an empty cache would look like a fleet without clusters.
+async fn run_rollouts(
+    stores: Vec<Store<EtcdCluster>>,
+    config: ControllerConfig,
+    ctx: Arc<Context>,
+    server: String,
+    shutdown: Shutdown,
+) {
+    let ready = async {
+        for store in &stores {
+            cache_ready(store).await.then_some(())?;
+        }
+        Some(())
+    };
+    if shutdown.race(ready).await.flatten().is_none() {
+        return;
+    }
+    info!("rollout controller running over the EtcdCluster caches");
+    let client = ctx.management.clone();
+    let cache: rollout::ClusterCache =
+        Arc::new(move || stores.iter().flat_map(|s| s.state()).collect());
+    let owner = config.clone();
+    let rollouts = Arc::new(
+        rollout::Context::new(ctx, cache, rollout::RolloutSettings::default())
+            .with_filter(Arc::new(move |r: &EtcdFleetRollout| owner.owns_rollout(r))),
+    );
+    let mut watch_config = watcher::Config::default();
+    if let Some(selector) = &config.label_selector {
+        watch_config = watch_config.labels(selector);
+    }
+    Controller::new(Api::<EtcdFleetRollout>::all(client), watch_config)
+        .graceful_shutdown_on(shutdown.wait())
+        .run(rollout::reconcile, rollout::error_policy, rollouts)
+        .for_each(move |result| {
+            if let Err(e) = result {
+                match e {
+                    controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {}
+                    controller::Error::QueueError(e) => {
+                        warn!(api_server = %server, error = %e, "cannot list or watch EtcdFleetRollouts; retrying");
+                    }
+                    e => warn!(error = %e, "rollout controller error"),
+                }
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
+
+/// Whether a cluster controller's cache got its first list (false: its
+/// writer is gone). `Store::wait_until_ready` wakes only the last task that
+/// polled it (kube-runtime's `DelayedInit` is a oneshot channel with one
+/// waker), and the controller's own applier waits on the same store, so a
+/// second waiter would sleep forever: it is polled again every 200 ms.
+async fn cache_ready(store: &Store<EtcdCluster>) -> bool {
+    loop {
+        let attempt = tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready());
+        if let Ok(outcome) = attempt.await {
+            return outcome.is_ok();
+        }
+    }
 }
 
 /// Waits for shutdown (or a loop that died), lets in-flight reconciles

@@ -26,15 +26,31 @@
 //!    namespace; the controller's peak RSS before and after shows whether it
 //!    holds them (it must only ever GET Secrets by name).
 //!
+//! 5. Rollout (stand-in fleet only): an `EtcdFleetRollout` over the whole
+//!    fleet to 3.5.21, canary 1 then waves of [`ROLLOUT_WAVE`], run for
+//!    [`ROLLOUT_WAVES`] waves and aborted. `rollout_plan_ms` is the mean
+//!    (and `rollout_plan_max_ms` the largest histogram bucket reached) of
+//!    one planning pass over every cluster, from B's
+//!    `etcdfleet_rollout_plan_duration_seconds`; `rollout_calls_per_wave`
+//!    counts B's management API calls about the rollout (its GETs, status
+//!    writes, the clusters' writes) per wave; lists or watches of
+//!    EtcdClusters opened meanwhile must be none.
+//!
+//! The budget of the stand-in fleet (2,000 clusters per replica): resync
+//! within 10 s, and B's and A's peak RSS (A's includes creating the
+//! fleet) within 300 MiB; the bench fails after printing when one is
+//! exceeded.
+//!
 //! Prints, last, `fleet clusters=<n> resync_s=<s> rss_mib=<controller peak RSS>
-//! reads_per_converged=<r> writes_per_converged=<w>` (the real-etcd run
+//! reads_per_converged=<r> writes_per_converged=<w> ...` (the real-etcd run
 //! prints `fleet_real members=<m> clusters=<n> ...`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::rollout::{FleetSelector, RolloutStrategy};
+use etcdfleet_api::{EtcdCluster, EtcdFleetRollout, EtcdFleetRolloutSpec, EtcdFleetRolloutStatus};
 use etcdfleet_tests::apiserver::{ApiServer, CONTROLLER_USER};
 use etcdfleet_tests::controller_process::ControllerProcess;
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
@@ -42,13 +58,20 @@ use etcdfleet_tests::fleet::{Fleet, MANAGEMENT};
 use etcdfleet_tests::runtime::ImageTable;
 use etcdfleet_tests::scenario::{NS, WORKLOAD_NS, cluster, create};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 /// Converged requeue of the controllers under test: longer than the resync,
 /// so each cluster's first converged reconcile is counted once.
 const REQUEUE_CONVERGED_S: u64 = 30;
 /// The steady-state window (a bit more than one converged requeue).
 const WINDOW: Duration = Duration::from_secs(40);
+/// Clusters per wave after the canary of the bench's rollout.
+const ROLLOUT_WAVE: i32 = 10;
+/// Waves the bench's rollout runs before it is aborted.
+const ROLLOUT_WAVES: usize = 3;
+/// The stand-in fleet's budget per replica.
+const BUDGET_RESYNC_S: f64 = 10.0;
+const BUDGET_RSS_MIB: f64 = 300.0;
 
 fn main() -> Result<()> {
     // The test runner lists every target (`--list`) and runs benches
@@ -117,7 +140,7 @@ async fn bench() -> Result<()> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
-    let n = setting("ETCDFLEET_BENCH_CLUSTERS", if real { 20 } else { 1000 });
+    let n = setting("ETCDFLEET_BENCH_CLUSTERS", if real { 20 } else { 2000 });
     let members = setting("ETCDFLEET_BENCH_MEMBERS", if real { 3 } else { 1 }) as i32;
     let standin_dir = tempfile::tempdir()?;
     let images = if real {
@@ -286,6 +309,14 @@ async fn bench() -> Result<()> {
     let rss_secrets = peak_rss_mib(second.pid())?;
     let secret_lists = fleet.secret_lists_or_watches().len();
 
+    // 5. A rollout over the whole fleet (stand-in only: it changes clusters).
+    let rollout = if real {
+        None
+    } else {
+        Some(rollout_cost(&fleet, &second, &tokens).await?)
+    };
+    let rss_rollout = peak_rss_mib(second.pid())?;
+
     let etcd = if real {
         "real etcd 3.5"
     } else {
@@ -297,8 +328,11 @@ async fn bench() -> Result<()> {
     println!(
         "fleet_secrets secrets=200 size_kib=500 rss_mib_before={rss_fleet:.1} rss_mib_after={rss_secrets:.1} secret_lists_or_watches={secret_lists}"
     );
+    if let Some(r) = &rollout {
+        println!("{r}");
+    }
     println!(
-        "{} clusters={n} resync_s={:.2} rss_mib={rss_secrets:.1} reads_per_converged={:.2} writes_per_converged={:.2}",
+        "{} clusters={n} resync_s={:.2} rss_mib={rss_rollout:.1} create_rss_mib={rss_create:.1} reads_per_converged={:.2} writes_per_converged={:.2}{}",
         if real {
             format!("fleet_real members={members}")
         } else {
@@ -306,9 +340,216 @@ async fn bench() -> Result<()> {
         },
         resync.as_secs_f64(),
         per(reads),
-        per(writes)
+        per(writes),
+        rollout
+            .as_ref()
+            .map_or_else(String::new, RolloutCost::summary)
     );
     drop(second);
     fleet.shutdown().await;
+    if !real {
+        within_budget(resync, rss_create.max(rss_rollout))?;
+    }
     Ok(())
+}
+
+/// The stand-in fleet's budget per replica.
+fn within_budget(resync: Duration, peak_rss_mib: f64) -> Result<()> {
+    let mut over = Vec::new();
+    if resync.as_secs_f64() > BUDGET_RESYNC_S {
+        over.push(format!(
+            "resync {:.2}s > {BUDGET_RESYNC_S}s",
+            resync.as_secs_f64()
+        ));
+    }
+    if peak_rss_mib > BUDGET_RSS_MIB {
+        over.push(format!(
+            "peak RSS {peak_rss_mib:.1} MiB > {BUDGET_RSS_MIB} MiB"
+        ));
+    }
+    if !over.is_empty() {
+        bail!("fleet over budget: {}", over.join("; "));
+    }
+    Ok(())
+}
+
+/// What the bench's rollout cost the controller.
+struct RolloutCost {
+    waves: usize,
+    clusters_changed: usize,
+    took: Duration,
+    plan_mean_ms: f64,
+    plan_max_ms: f64,
+    plans: u64,
+    /// B's management API calls about the rollout: GETs and status writes
+    /// of the rollout, writes of clusters under its field manager.
+    rollout_calls: usize,
+    cluster_writes: usize,
+    /// Lists or watches of EtcdClusters opened during the rollout.
+    cluster_lists_or_watches: usize,
+}
+
+impl RolloutCost {
+    fn summary(&self) -> String {
+        format!(
+            " rollout_plan_ms={:.2} rollout_calls_per_wave={:.1}",
+            self.plan_mean_ms,
+            self.rollout_calls as f64 / self.waves as f64
+        )
+    }
+}
+
+impl std::fmt::Display for RolloutCost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "fleet_rollout waves={} clusters_changed={} took_s={:.1} plans={} plan_mean_ms={:.2} plan_max_ms<={:.2} calls={} calls_per_wave={:.1} cluster_writes={} cluster_lists_or_watches={}",
+            self.waves,
+            self.clusters_changed,
+            self.took.as_secs_f64(),
+            self.plans,
+            self.plan_mean_ms,
+            self.plan_max_ms,
+            self.rollout_calls,
+            self.rollout_calls as f64 / self.waves as f64,
+            self.cluster_writes,
+            self.cluster_lists_or_watches
+        )
+    }
+}
+
+/// One Prometheus sample of a controller's /metrics (`name` with its labels).
+fn sample(process: &ControllerProcess, name: &str) -> Option<f64> {
+    let (_, body) = process.get("/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The upper bound of the lowest bucket of a histogram holding all samples.
+fn histogram_max(process: &ControllerProcess, name: &str) -> Option<f64> {
+    let (_, body) = process.get("/metrics")?;
+    let count = sample(process, &format!("{name}_count"))?;
+    body.lines()
+        .filter_map(|l| l.strip_prefix(&format!("{name}_bucket{{le=\"")))
+        .filter_map(|rest| {
+            let (le, value) = rest.split_once("\"} ")?;
+            Some((le.parse::<f64>().ok()?, value.trim().parse::<f64>().ok()?))
+        })
+        .find(|(_, v)| *v >= count)
+        .map(|(le, _)| le)
+}
+
+async fn rollout_status(api: &Api<EtcdFleetRollout>) -> Result<EtcdFleetRolloutStatus> {
+    Ok(api.get("bench").await?.status.unwrap_or_default())
+}
+
+/// Step 5: a rollout over the fleet, for [`ROLLOUT_WAVES`] waves, then
+/// aborted; what it cost controller B.
+async fn rollout_cost(
+    fleet: &Fleet,
+    controller: &ControllerProcess,
+    tokens: &BTreeSet<String>,
+) -> Result<RolloutCost> {
+    let api: Api<EtcdFleetRollout> = Api::all(fleet.management_direct());
+    let mut rollout = EtcdFleetRollout::new(
+        "bench",
+        EtcdFleetRolloutSpec {
+            selector: FleetSelector {
+                namespaces: vec![NS.to_string()],
+                ..Default::default()
+            },
+            version: Some("3.5.21".into()),
+            strategy: RolloutStrategy {
+                canary: Some(1),
+                wave_size: Some(ROLLOUT_WAVE),
+                max_in_flight: Some(ROLLOUT_WAVE),
+                soak: Some("1s".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    rollout.metadata.labels = cluster("x", "x", 1, "3.5.1").metadata.labels;
+    fleet.clear_ops();
+    let started = Instant::now();
+    api.create(&PostParams::default(), &rollout).await?;
+    let deadline = started
+        + Duration::from_secs(
+            std::env::var("ETCDFLEET_BENCH_ROLLOUT_TIMEOUT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(300),
+        );
+    let status = loop {
+        let status = rollout_status(&api).await?;
+        let done = status
+            .waves
+            .iter()
+            .take(ROLLOUT_WAVES)
+            .all(|w| w.state == "Done");
+        if status.waves.len() >= ROLLOUT_WAVES && done {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let log = controller.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            bail!(
+                "the bench's rollout did not finish {ROLLOUT_WAVES} waves: {:?} {:?}; controller log (last lines first):\n{}",
+                status.phase,
+                status.waves,
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let took = started.elapsed();
+    let patch = serde_json::json!({ "spec": { "abort": true } });
+    api.patch("bench", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let ops: Vec<_> = fleet
+        .ops()
+        .into_iter()
+        .filter(|op| op.cluster == MANAGEMENT)
+        .filter(|op| op.token.as_ref().is_some_and(|t| tokens.contains(t)))
+        .collect();
+    let cluster_writes = ops
+        .iter()
+        .filter(|o| o.resource == "etcdclusters" && o.is_write())
+        .filter(|o| {
+            o.query_param("fieldManager")
+                .is_some_and(|m| m.starts_with(etcdfleet_api::rollout::FIELD_MANAGER_PREFIX))
+        })
+        .count();
+    let rollout_calls = ops
+        .iter()
+        .filter(|o| o.resource == "etcdfleetrollouts")
+        .count()
+        + cluster_writes;
+    let cluster_lists_or_watches = ops
+        .iter()
+        .filter(|o| o.resource == "etcdclusters" && (o.verb == "list" || o.verb == "watch"))
+        .count();
+    let metric = "etcdfleet_rollout_plan_duration_seconds";
+    let plans = sample(controller, &format!("{metric}_count")).unwrap_or(0.0);
+    let sum = sample(controller, &format!("{metric}_sum")).unwrap_or(0.0);
+    Ok(RolloutCost {
+        waves: ROLLOUT_WAVES,
+        clusters_changed: status
+            .clusters
+            .iter()
+            .filter(|c| c.changed_at.is_some())
+            .count(),
+        took,
+        plan_mean_ms: if plans > 0.0 {
+            sum / plans * 1000.0
+        } else {
+            0.0
+        },
+        plan_max_ms: histogram_max(controller, metric).unwrap_or(f64::NAN) * 1000.0,
+        plans: plans as u64,
+        rollout_calls,
+        cluster_writes,
+        cluster_lists_or_watches,
+    })
 }

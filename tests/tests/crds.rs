@@ -16,7 +16,7 @@ fn repo_root() -> PathBuf {
 fn committed_crds_match_the_types() {
     let dir = repo_root().join("config/crd");
     let files = crd::render_files().expect("CRDs render");
-    assert_eq!(files.len(), 6, "five CRDs and a kustomization");
+    assert_eq!(files.len(), 7, "six CRDs and a kustomization");
     for file in files {
         let path = dir.join(&file.file_name);
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
@@ -64,7 +64,8 @@ fn crdgen_stream_holds_every_crd() {
             "etcdtemplates.etcdfleet.dev",
             "clusteretcdtemplates.etcdfleet.dev",
             "etcdbackups.etcdfleet.dev",
-            "etcdbackupschedules.etcdfleet.dev"
+            "etcdbackupschedules.etcdfleet.dev",
+            "etcdfleetrollouts.etcdfleet.dev"
         ]
     );
 }
@@ -88,6 +89,8 @@ const BACKUP_CRD_NAMES: [&str; 2] = [
     "etcdbackups.etcdfleet.dev",
     "etcdbackupschedules.etcdfleet.dev",
 ];
+
+const ROLLOUT_CRD_NAME: &str = "etcdfleetrollouts.etcdfleet.dev";
 
 /// Keys a schema inside `anyOf`/`oneOf`/`allOf`/`not` must not carry in a
 /// structural schema (they may only hold value validations).
@@ -174,7 +177,11 @@ fn check_junctor(node: &Value, path: &str, errors: &mut Vec<String>) {
 
 #[test]
 fn every_schema_is_structural() {
-    for name in CRD_NAMES.into_iter().chain(BACKUP_CRD_NAMES) {
+    for name in CRD_NAMES
+        .into_iter()
+        .chain(BACKUP_CRD_NAMES)
+        .chain([ROLLOUT_CRD_NAME])
+    {
         let crd = crd_json(name);
         for version in crd["spec"]["versions"].as_array().unwrap() {
             let schema = &version["schema"]["openAPIV3Schema"];
@@ -782,4 +789,97 @@ fn cel_join_names_client_urls_and_is_set_only_at_creation() {
     for (new, old) in [(&join, &plain), (&plain, &join), (&other, &join)] {
         assert!(messages(new.validate_cel_update(old)).contains(MSG));
     }
+}
+
+#[test]
+fn the_rollout_crd_is_cluster_scoped_with_status_and_columns() {
+    let rollout = crd_json(ROLLOUT_CRD_NAME);
+    assert_eq!(rollout["spec"]["scope"], "Cluster");
+    assert_eq!(rollout["spec"]["names"]["shortNames"][0], "etcdfr");
+    let v = &rollout["spec"]["versions"][0];
+    assert!(v["subresources"]["status"].is_object());
+    let columns: Vec<(&str, &str)> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c["jsonPath"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            ("Done", ".status.progress"),
+            ("Wave", ".status.currentWave"),
+            ("State", ".status.phase"),
+            (
+                "Message",
+                ".status.conditions[?(@.type==\"Progressing\")].message"
+            ),
+            ("Age", ".metadata.creationTimestamp"),
+        ]
+    );
+}
+
+fn rollout(spec: &str) -> etcdfleet_api::EtcdFleetRollout {
+    serde_yaml::from_str(&format!(
+        "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdFleetRollout\nmetadata: {{name: r}}\nspec:\n{spec}"
+    ))
+    .unwrap()
+}
+
+#[test]
+fn cel_a_rollout_changes_something_fixed_and_cannot_be_unaborted() {
+    let ok = rollout("  version: 3.5.35\n  strategy: {canary: 1, wavePercent: 25, soak: 10m}\n");
+    assert!(
+        ok.validate_cel().is_ok(),
+        "{:?}",
+        messages(ok.validate_cel())
+    );
+    let cases = [
+        ("  selector: {}\n", "a rollout changes something"),
+        (
+            "  version: v3.5\n",
+            "version must be a full semantic version",
+        ),
+        (
+            "  version: 3.5.35\n  strategy: {waveSize: 2, wavePercent: 25}\n",
+            "set at most one of waveSize and wavePercent",
+        ),
+        (
+            "  version: 3.5.35\n  strategy: {canary: 0}\n",
+            "canary must be at least 1",
+        ),
+        (
+            "  version: 3.5.35\n  strategy: {wavePercent: 101}\n",
+            "wavePercent must be between 1 and 100",
+        ),
+        (
+            "  version: 3.5.35\n  strategy: {soak: soon}\n",
+            "soak must be a positive whole number",
+        ),
+        (
+            "  version: 3.5.35\n  strategy: {maintenanceWindow: {schedule: '@daily', duration: 4h}}\n",
+            "schedule must have five space-separated cron fields",
+        ),
+    ];
+    for (spec, expected) in cases {
+        let msg = messages(rollout(spec).validate_cel());
+        assert!(msg.contains(expected), "{spec}: {msg}");
+    }
+    let old = rollout("  version: 3.5.35\n");
+    let msg = messages(rollout("  version: 3.5.36\n").validate_cel_update(&old));
+    assert!(msg.contains("version is immutable"), "{msg}");
+    let msg = messages(
+        rollout("  version: 3.5.35\n  templateRef: {kind: ClusterEtcdTemplate, name: ha-3}\n")
+            .validate_cel_update(&old),
+    );
+    assert!(msg.contains("templateRef is immutable"), "{msg}");
+    let aborted = rollout("  version: 3.5.35\n  abort: true\n");
+    assert!(aborted.validate_cel_update(&old).is_ok());
+    let msg =
+        messages(rollout("  version: 3.5.35\n  abort: false\n").validate_cel_update(&aborted));
+    assert!(msg.contains("abort cannot be undone"), "{msg}");
+    // Pausing and excluding stay possible.
+    let paused =
+        rollout("  version: 3.5.35\n  paused: true\n  selector: {exclude: [team-a/shop]}\n");
+    assert!(paused.validate_cel_update(&old).is_ok());
 }

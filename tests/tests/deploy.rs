@@ -360,7 +360,26 @@ fn controller_rbac_is_least_privilege_in_both_modes() {
             vec!["get".to_string(), "list".to_string(), "watch".to_string()]
         )]
     );
-    assert_eq!(cluster_roles.len(), 2, "no other ClusterRole");
+    // Rollouts are cluster-scoped: read, watch, status, and the metadata
+    // patch that removes the resume annotation; nothing else.
+    let rollouts = named("etcdfleet-rollouts");
+    assert_eq!(
+        grants_of(&rollouts.1).into_iter().collect::<Vec<_>>(),
+        [
+            (
+                ("etcdfleet.dev".to_string(), "etcdfleetrollouts".to_string()),
+                vec!["get".into(), "list".into(), "patch".into(), "watch".into()]
+            ),
+            (
+                (
+                    "etcdfleet.dev".to_string(),
+                    "etcdfleetrollouts/status".to_string()
+                ),
+                vec!["patch".into(), "update".into()]
+            ),
+        ]
+    );
+    assert_eq!(cluster_roles.len(), 3, "no other ClusterRole");
 
     // The Lease: a Role in the controller's own namespace.
     let lease = roles
@@ -378,6 +397,27 @@ fn controller_rbac_is_least_privilege_in_both_modes() {
         Some(vec!["create".into(), "get".into(), "update".into()])
     );
     assert_eq!(grants_of(&lease.1).len(), 1);
+
+    // A rollout's events (a cluster-scoped object's) go to `default`: a
+    // Role there for events only.
+    let events = roles
+        .iter()
+        .find(|(_, r)| r["metadata"]["name"].as_str() == Some("etcdfleet-rollout-events"))
+        .expect("rollout events Role");
+    assert_eq!(events.1["metadata"]["namespace"].as_str(), Some("default"));
+    assert_eq!(
+        grants_of(&events.1).into_iter().collect::<Vec<_>>(),
+        [
+            (
+                ("".to_string(), "events".to_string()),
+                vec!["create".into(), "patch".into()]
+            ),
+            (
+                ("events.k8s.io".to_string(), "events".to_string()),
+                vec!["create".into(), "patch".into()]
+            ),
+        ]
+    );
 
     // Management bindings point at the controller's ServiceAccount (the
     // workload binding names the kubeconfig's user instead; the storage

@@ -199,7 +199,7 @@ struct World {
     api: ApiServer,
     ops: OpRecorder,
     // Last: dropped after the server it runs.
-    _rt: tokio::runtime::Runtime,
+    rt: tokio::runtime::Runtime,
 }
 
 fn admin_create(rt: &tokio::runtime::Runtime, api: &ApiServer, obj: Value) {
@@ -269,7 +269,7 @@ impl World {
         admin_create(&rt, &api, cluster);
         let ops = OpRecorder::default();
         api.set_recorder(ops.clone());
-        World { api, ops, _rt: rt }
+        World { api, ops, rt }
     }
 
     /// A kubeconfig with a fresh token of the controller's ServiceAccount.
@@ -461,5 +461,60 @@ fn a_second_sigterm_exits_at_once_while_reconciles_drain() {
     assert_eq!(status.code(), Some(143), "{}", p.log());
     assert!(p.log().contains("second signal"), "{}", p.log());
     eprintln!("exited {:?} after the second SIGTERM", sent.elapsed());
+    drop(world);
+}
+
+#[test]
+fn run_plans_a_fleet_rollout_over_its_own_cluster_cache() {
+    let (_silent, workload) = hanging_workload();
+    let world = World::start(&workload);
+    let (config, token) = world.controller_kubeconfig();
+    let mut p = ControllerProcess::start("rollouts", &config, &[]);
+    p.wait_for_log(
+        "rollout controller running over the EtcdCluster caches",
+        Duration::from_secs(20),
+    );
+    admin_create(
+        &world.rt,
+        &world.api,
+        json!({
+            "apiVersion": "etcdfleet.dev/v1alpha1", "kind": "EtcdFleetRollout",
+            "metadata": {"name": "to-3-5-21"},
+            "spec": {"selector": {"namespaces": ["team-a"]}, "version": "3.5.21"},
+        }),
+    );
+    let api: Api<etcdfleet_api::EtcdFleetRollout> = {
+        let _inside = world.rt.enter();
+        Api::all(world.api.admin_client())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let rollout = world.rt.block_on(api.get("to-3-5-21")).expect("rollout");
+        if let Some(status) = rollout.status.filter(|s| !s.clusters.is_empty()) {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no rollout status:\n{}", p.log());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // The cluster came from the controller's own cache: no list or watch
+    // of EtcdClusters beyond the cluster controller's one watch.
+    assert_eq!(
+        status
+            .clusters
+            .iter()
+            .map(|c| (c.name.as_str(), c.wave))
+            .collect::<Vec<_>>(),
+        [("team-a/shop", 1)],
+        "{status:#?}"
+    );
+    let cluster_watches = world
+        .ops
+        .ops()
+        .into_iter()
+        .filter(|op| op.token.as_deref() == Some(token.as_str()))
+        .filter(|op| op.resource == "etcdclusters" && op.verb == "watch")
+        .count();
+    assert_eq!(cluster_watches, 1, "one watch of EtcdClusters in all");
+    assert_exits_cleanly_after_sigterm(&mut p);
     drop(world);
 }

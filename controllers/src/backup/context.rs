@@ -20,7 +20,7 @@ pub fn system_clock() -> Clock {
 /// client, the workload connector, the etcd dialer and deadlines, metrics,
 /// the event recorder and ownership ([`Access`]; the cluster reconciler's
 /// context is one).
-pub type SharedAccess = Arc<dyn AsRef<Access> + Send + Sync>;
+pub use crate::access::SharedAccess;
 
 /// Everything a backup reconcile needs.
 pub struct Context {

@@ -19,10 +19,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use etcdfleet_controllers::cli::{
-    EXIT_INPUT_ERROR, Manifests, plan_all, plan_exit_code, render_cluster,
+    EXIT_BLOCKED, EXIT_CHANGES, EXIT_INPUT_ERROR, Manifests, plan_all, plan_exit_code,
+    render_cluster,
 };
 use etcdfleet_controllers::config::{ControllerConfig, LogFormat, Overrides};
 use etcdfleet_controllers::dialer::DialerKind;
+use etcdfleet_controllers::rollout::preview::preview;
 use etcdfleet_controllers::runner::{self, ClientSource};
 use etcdfleet_controllers::telemetry;
 
@@ -59,7 +61,10 @@ enum Command {
         #[arg(long = "cluster-template")]
         cluster_templates: Vec<PathBuf>,
     },
-    /// Print what the controller would do next for each EtcdCluster, and why.
+    /// Print what the controller would do next for each EtcdCluster, and why;
+    /// and for each EtcdFleetRollout given, its waves, what it would do to
+    /// each cluster it selects, and which the version policy or the gates
+    /// would refuse (where it would halt).
     ///
     /// Every object is first validated as the API server would (CRD schema
     /// and CEL rules; unknown fields are errors offline). Exit codes, for CI:
@@ -67,10 +72,13 @@ enum Command {
     /// make; 4 some cluster is rejected or blocked (template does not resolve,
     /// version rejected, step blocked); 2 input errors (unreadable file, bad
     /// YAML, an object the API server would refuse). Valid clusters are
-    /// planned and printed even when others are invalid.
+    /// planned and printed even when others are invalid. A rollout counts
+    /// as changes while it would write a cluster, as blocked when it would
+    /// refuse one.
     #[command(verbatim_doc_comment)]
     Plan {
-        /// Multi-document YAML of EtcdClusters (with status) and templates.
+        /// Multi-document YAML of EtcdClusters (with status), templates and
+        /// EtcdFleetRollouts.
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<PathBuf>,
         /// How long a member may be unhealthy before it is replaced.
@@ -455,7 +463,29 @@ fn plan(files: &[PathBuf], grace_seconds: u64) -> ExitCode {
         }
         print!("{p}");
     }
-    ExitCode::from(plan_exit_code(&plans, invalid))
+    let mut code = plan_exit_code(&plans, invalid);
+    for rollout in &manifests.rollouts {
+        let previewed = preview(
+            rollout,
+            &manifests.clusters,
+            &manifests.cluster_templates,
+            &manifests.templates,
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        println!();
+        print!("{previewed}");
+        let rollout_code = if !previewed.refused().is_empty() {
+            EXIT_BLOCKED
+        } else if !previewed.changes().is_empty() {
+            EXIT_CHANGES
+        } else {
+            0
+        };
+        if code != EXIT_INPUT_ERROR {
+            code = code.max(rollout_code);
+        }
+    }
+    ExitCode::from(code)
 }
 
 async fn run(args: RunArgs) -> ExitCode {

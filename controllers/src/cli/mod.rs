@@ -23,7 +23,8 @@ use etcdfleet_api::template::{Resolution, ResolveError, resolve};
 use etcdfleet_api::validation::validate_object;
 use etcdfleet_api::version::{VersionChange, VersionRejection, decide_for, parse_full_version};
 use etcdfleet_api::{
-    ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdTemplate, MemberStatus, TemplateKind,
+    ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdFleetRollout, EtcdTemplate,
+    MemberStatus, TemplateKind,
 };
 use kube::{CustomResourceExt, ResourceExt};
 use serde::Deserialize;
@@ -75,6 +76,7 @@ pub struct Manifests {
     pub clusters: Vec<EtcdCluster>,
     pub templates: Vec<EtcdTemplate>,
     pub cluster_templates: Vec<ClusterEtcdTemplate>,
+    pub rollouts: Vec<EtcdFleetRollout>,
     /// `kind name` of documents of other kinds, which are skipped.
     pub ignored: Vec<String>,
     /// Objects of the project's kinds that the API server would refuse; the
@@ -116,6 +118,7 @@ pub fn validate_offline(kind: &str, object: &serde_json::Value) -> Result<(), Ve
         "EtcdCluster" => EtcdCluster::crd(),
         "EtcdTemplate" => EtcdTemplate::crd(),
         "ClusterEtcdTemplate" => ClusterEtcdTemplate::crd(),
+        "EtcdFleetRollout" => EtcdFleetRollout::crd(),
         other => return Err(vec![format!("kind: {other} is not an etcdfleet kind")]),
     };
     let crd = crate::crd::with_also_served(crd, etcdfleet_api::ALSO_SERVED);
@@ -193,7 +196,11 @@ impl Manifests {
             .to_string();
         let typed = |e: serde_json::Error| format!("{kind} {name:?}: {e}");
         match kind.as_str() {
-            "List" | "EtcdClusterList" | "EtcdTemplateList" | "ClusterEtcdTemplateList" => {
+            "List"
+            | "EtcdClusterList"
+            | "EtcdTemplateList"
+            | "ClusterEtcdTemplateList"
+            | "EtcdFleetRolloutList" => {
                 let items = value
                     .get("items")
                     .and_then(|i| i.as_array())
@@ -203,7 +210,7 @@ impl Manifests {
                     self.add_value(item, source_name, index)?;
                 }
             }
-            "EtcdCluster" | "EtcdTemplate" | "ClusterEtcdTemplate" => {
+            "EtcdCluster" | "EtcdTemplate" | "ClusterEtcdTemplate" | "EtcdFleetRollout" => {
                 let invalid = |errors: Vec<String>| InvalidObject {
                     source_name: source_name.to_string(),
                     index,
@@ -218,6 +225,9 @@ impl Manifests {
                 let added = match kind.as_str() {
                     "EtcdCluster" => serde_json::from_value(json).map(|c| self.clusters.push(c)),
                     "EtcdTemplate" => serde_json::from_value(json).map(|t| self.templates.push(t)),
+                    "EtcdFleetRollout" => {
+                        serde_json::from_value(json).map(|r| self.rollouts.push(r))
+                    }
                     _ => serde_json::from_value(json).map(|t| self.cluster_templates.push(t)),
                 };
                 if let Err(e) = added {
@@ -233,6 +243,7 @@ impl Manifests {
         self.clusters.extend(other.clusters);
         self.templates.extend(other.templates);
         self.cluster_templates.extend(other.cluster_templates);
+        self.rollouts.extend(other.rollouts);
         self.ignored.extend(other.ignored);
         self.invalid.extend(other.invalid);
     }

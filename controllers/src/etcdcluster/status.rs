@@ -52,6 +52,7 @@ impl Report {
         let old = cluster.status.clone().unwrap_or_default();
         let mut new = old.clone();
         new.observed_generation = cluster.meta().generation;
+        new.rollout = rollout_record(cluster);
         Report {
             name: cluster.name_any(),
             namespace: cluster.namespace().unwrap_or_default(),
@@ -645,6 +646,19 @@ impl Report {
         .map_err(Error::ManagementApi)?;
         Ok(true)
     }
+}
+
+/// The fleet rollout whose change the spec carries, as the rollout wrote
+/// it on the cluster with its change (`status.rollout`).
+pub fn rollout_record(cluster: &EtcdCluster) -> Option<etcdfleet_api::RolloutRecord> {
+    use etcdfleet_api::rollout::{ROLLOUT_ANNOTATION, ROLLOUT_CHANGE_ANNOTATION};
+    let annotations = cluster.annotations();
+    annotations
+        .get(ROLLOUT_ANNOTATION)
+        .map(|name| etcdfleet_api::RolloutRecord {
+            name: name.clone(),
+            change: annotations.get(ROLLOUT_CHANGE_ANNOTATION).cloned(),
+        })
 }
 
 /// The database size shown in status: the last one shown until it moved by

@@ -312,13 +312,13 @@ impl ImageTable {
         self
     }
 
-    /// Maps the etcd images of 3.4.23 and 3.5.1 onto the etcd stand-in
+    /// Maps the etcd images of 3.4.23, 3.5.1 and 3.5.21 onto the etcd stand-in
     /// `binary` (see [`crate::etcd_standin`]) instead of etcd: links
     /// `dir/v<version>/etcd` → `binary`, the stand-in's version being the
     /// name of its directory. For measuring the controller's cost only.
     pub fn standin(binary: &Path, dir: &Path) -> Result<Self> {
         let mut table = ImageTable::empty();
-        for version in ["3.4.23", "3.5.1"] {
+        for version in ["3.4.23", "3.5.1", "3.5.21"] {
             let versioned = dir.join(format!("v{version}"));
             fs::create_dir_all(&versioned)?;
             let link = versioned.join("etcd");
