@@ -395,6 +395,11 @@ pub struct EtcdClusterStatus {
     /// objects nothing uses any more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adoption: Option<crate::adopt::AdoptionStatus>,
+
+    /// The last (or current) rotation of the cluster's CA: its request, its
+    /// phase and when it started and last moved on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_rotation: Option<crate::ca_rotation::CaRotationStatus>,
 }
 
 /// What identifies the etcd an EtcdCluster manages.

@@ -738,6 +738,7 @@ pub fn observation_from_status(
         // A running cluster: the restore gate applies only before bootstrap.
         restore: Default::default(),
         adoption: None,
+        ca_rotation: Default::default(),
     }
 }
 
@@ -990,6 +991,7 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
         Step::WriteObjects(_) | Step::Bootstrap { .. } => write!(out, "create: {step}"),
         Step::RecoverFromNoSpace | Step::Defragment { .. } => write!(out, "maintenance: {step}"),
         Step::ImportCa | Step::RetireMember { .. } => write!(out, "adopt: {step}"),
+        _ => write!(out, "ca-rotation: {step}"),
     };
     out
 }

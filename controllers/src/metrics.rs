@@ -48,6 +48,12 @@ struct ClusterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterPhaseLabels {
+    cluster: String,
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterReasonLabels {
     cluster: String,
     reason: String,
@@ -72,6 +78,10 @@ pub struct Metrics {
     /// The failure reasons counted per cluster, so a deleted cluster's
     /// series can be dropped.
     backup_failure_reasons: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
+    /// 1 for the phase of a cluster's CA rotation, 0 for its other phases.
+    ca_rotation_phase: Family<ClusterPhaseLabels, Gauge>,
+    /// The phases with a series, per cluster (to drop them with it).
+    ca_rotation_phases: Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl Default for Metrics {
@@ -153,8 +163,16 @@ impl Metrics {
             "Failed backup attempts, by cluster and reason",
             backup_failures.clone(),
         );
+        let ca_rotation_phase = Family::default();
+        registry.register(
+            "ca_rotation_phase",
+            "Phase of the last CA rotation, by cluster: 1 for the current phase, 0 for the others",
+            ca_rotation_phase.clone(),
+        );
         Metrics {
             registry,
+            ca_rotation_phase,
+            ca_rotation_phases: Mutex::new(HashMap::new()),
             reconciles,
             failures,
             reconcile_duration,
@@ -205,6 +223,36 @@ impl Metrics {
                 plan: plan.to_string(),
             })
             .inc();
+    }
+
+    /// Records the phase of one cluster's CA rotation among `phases`
+    /// (`None`: the cluster never rotated its CA, or is gone: no series).
+    pub fn set_ca_rotation_phase(&self, cluster: &str, phases: &[&str], current: Option<&str>) {
+        let mut known = self
+            .ca_rotation_phases
+            .lock()
+            .expect("metrics lock poisoned");
+        for phase in known.remove(cluster).unwrap_or_default() {
+            self.ca_rotation_phase.remove(&ClusterPhaseLabels {
+                cluster: cluster.to_string(),
+                phase,
+            });
+        }
+        let Some(now) = current else {
+            return;
+        };
+        for phase in phases {
+            self.ca_rotation_phase
+                .get_or_create(&ClusterPhaseLabels {
+                    cluster: cluster.to_string(),
+                    phase: phase.to_string(),
+                })
+                .set(i64::from(now == *phase));
+        }
+        known.insert(
+            cluster.into(),
+            phases.iter().map(|p| p.to_string()).collect(),
+        );
     }
 
     /// Records the conditions of one cluster (`namespace/name`); `None` forgets it.
@@ -272,6 +320,7 @@ impl Metrics {
     /// Drops every series of `cluster` (`namespace/name`): it was deleted.
     pub fn forget_cluster(&self, cluster: &str) {
         self.set_cluster_conditions(cluster, None);
+        self.set_ca_rotation_phase(cluster, &[], None);
         self.backup_last_success
             .lock()
             .expect("metrics lock poisoned")
@@ -350,6 +399,23 @@ mod tests {
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ),
         }
+    }
+
+    #[test]
+    fn the_ca_rotation_phase_is_one_for_the_current_phase_and_goes_with_its_cluster() {
+        let m = Metrics::new();
+        m.set_ca_rotation_phase("a/x", &["Trusting", "Completed"], Some("Trusting"));
+        let text = m.encode();
+        assert!(
+            text.contains(r#"etcdfleet_ca_rotation_phase{cluster="a/x",phase="Trusting"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"etcdfleet_ca_rotation_phase{cluster="a/x",phase="Completed"} 0"#),
+            "{text}"
+        );
+        m.forget_cluster("a/x");
+        assert!(!m.encode().contains("cluster=\"a/x\",phase"));
     }
 
     #[test]

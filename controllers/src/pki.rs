@@ -234,6 +234,23 @@ pub fn remaining_validity(cert_pem: &str) -> Result<std::time::Duration> {
     ))
 }
 
+/// Whether the certificate in `cert_pem` was signed by the CA in `ca_pem`
+/// (its signature verifies with the CA's key). Unparsable input is `false`.
+pub fn issued_by(cert_pem: &str, ca_pem: &str) -> bool {
+    let parse = |pem: &str| {
+        x509_parser::pem::parse_x509_pem(pem.as_bytes())
+            .ok()
+            .map(|(_, p)| p)
+    };
+    let (Some(leaf), Some(ca)) = (parse(cert_pem), parse(ca_pem)) else {
+        return false;
+    };
+    match (leaf.parse_x509(), ca.parse_x509()) {
+        (Ok(leaf), Ok(ca)) => leaf.verify_signature(Some(ca.public_key())).is_ok(),
+        _ => false,
+    }
+}
+
 fn set_validity(params: &mut CertificateParams, days: u32) -> Result<()> {
     if days == 0 {
         return Err(PkiError::ZeroValidity);
@@ -260,6 +277,18 @@ mod renewal_tests {
             "{left:?}"
         );
         assert!(remaining_validity("not a certificate").is_err());
+    }
+
+    #[test]
+    fn a_leaf_is_issued_by_its_ca_only() {
+        let (old, new) = (
+            CertificateAuthority::generate("ca").unwrap(),
+            CertificateAuthority::generate("ca").unwrap(),
+        );
+        let leaf = old.issue(&LeafSpec::client("c", 10)).unwrap();
+        assert!(issued_by(&leaf.cert_pem, old.cert_pem()));
+        assert!(!issued_by(&leaf.cert_pem, new.cert_pem()));
+        assert!(!issued_by("junk", old.cert_pem()));
     }
 }
 

@@ -25,6 +25,7 @@ use super::plan::{
 use super::{Context, Error, Result, now};
 
 mod adopt;
+mod ca_rotation;
 use crate::connector::ConnectError;
 use crate::etcd::{AlarmKind, ClusterHealth};
 use crate::render::{self, Names};
@@ -505,6 +506,9 @@ impl Report {
             time: Some(now()),
             failures,
         });
+        if error.is_none() {
+            self.ca_rotation_moved(step);
+        }
     }
 
     /// Writes the status now, before a step whose effect must be
@@ -536,9 +540,13 @@ impl Report {
 
     /// Writes the status if it changed. Returns whether it wrote.
     pub async fn write(&self, ctx: &Context) -> Result<bool> {
-        ctx.metrics.set_cluster_conditions(
-            &format!("{}/{}", self.namespace, self.name),
-            Some(&self.new.conditions),
+        let key = format!("{}/{}", self.namespace, self.name);
+        ctx.metrics
+            .set_cluster_conditions(&key, Some(&self.new.conditions));
+        ctx.metrics.set_ca_rotation_phase(
+            &key,
+            &etcdfleet_api::ca_rotation::phase::ALL,
+            self.new.ca_rotation.as_ref().map(|r| r.phase.as_str()),
         );
         if self.new == self.old {
             return Ok(false);

@@ -64,6 +64,7 @@ async fn write_object(on: &Target<'_>, kind: ObjectKind) -> Result<()> {
                 .map_err(err)
         }
         ObjectKind::MembersConfigMap => write_members_configmap(on).await,
+        ObjectKind::CaBundleConfigMap => write_ca_bundle(on).await,
         ObjectKind::StatefulSet => write_statefulset(on).await,
     }
 }
@@ -90,11 +91,25 @@ async fn write_tls_secret(on: &Target<'_>, kind: ObjectKind) -> Result<()> {
         usage,
         validity_days: CERT_VALIDITY_DAYS,
     })?;
-    let secret = tls_secret(inputs, name, kind, pki.ca.cert_pem(), &cert);
+    let secret = tls_secret(inputs, name, kind, &pki.trust_bundle(), &cert);
     apply(&on.api::<Secret>(), &secret)
         .await
         .map_err(|e| on.err(e))?;
     Ok(())
+}
+
+/// The CA bundle ConfigMap: the CAs trusted now, for the cluster's clients.
+async fn write_ca_bundle(on: &Target<'_>) -> Result<()> {
+    let Some(pki) = &on.observed.pki else {
+        return Ok(());
+    };
+    apply(
+        &on.api::<ConfigMap>(),
+        &render::ca_bundle_configmap(on.inputs, &pki.trust_bundle()),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| on.err(e))
 }
 
 /// The members ConfigMap, lost after bootstrap: members start with existing

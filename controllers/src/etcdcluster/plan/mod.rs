@@ -13,11 +13,12 @@
 //! Rooms: [`observation`] (what the planner reads), [`step`] (what it
 //! answers), [`members`] (the running cluster as the membership rules see
 //! it), [`quorum`]; the rules themselves in [`guards`], [`bootstrap`],
-//! [`repair`], [`scale`], [`roll`] and [`maintenance`], and the takeover of
-//! a running etcd in [`adopt`].
+//! [`repair`], [`scale`], [`roll`] and [`maintenance`], the takeover of
+//! a running etcd in [`adopt`], and the rotation of the CA in [`ca_rotation`].
 
 pub mod adopt;
 pub mod bootstrap;
+pub mod ca_rotation;
 pub mod guards;
 pub mod maintenance;
 pub mod members;
@@ -33,9 +34,9 @@ pub use guards::{RETRY_BASE, RETRY_MAX, identity_mismatch, retry_delay};
 pub use maintenance::DEFRAG_MIN_FREE_BYTES;
 pub use members::Members;
 pub use observation::{
-    AdoptionObservation, EtcdObservation, FailedStep, ForeignObject, Observation, PodObservation,
-    ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR, RestoreGate, StatefulSetObservation,
-    TrustProbe,
+    AdoptionObservation, CaRotationObservation, EtcdObservation, FailedStep, ForeignObject,
+    Observation, PodObservation, ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR, RestoreGate,
+    StatefulSetObservation, TrustProbe,
 };
 pub use quorum::{CutOff, QUORUM_LOSS_HELP, QuorumView, quorum_view};
 pub use step::{ObjectKind, Plan, Refusal, RemovalCause, Step};
@@ -62,6 +63,9 @@ pub const RULES: &[(&str, Rule)] = &[
     // halted when its membership changes underneath the takeover.
     ("adoption gate", O(adopt::adoption_gate)),
     ("failing step backs off", O(guards::failure_backoff)),
+    // A CA rotation cancelled before it reissued anything is undone at
+    // once, even in the middle of its roll.
+    ("CA rotation: cancel", O(ca_rotation::cancel)),
     ("adoption: the existing CA", O(adopt::import_ca)),
     // The workload objects exist and match their inputs: Services, PKI and
     // TLS Secrets (certificates are renewed here), ConfigMap, StatefulSet.
@@ -92,6 +96,8 @@ pub const RULES: &[(&str, Rule)] = &[
     ("scale up", M(scale::scale_up)),
     // Version and configuration.
     ("roll members onto the template", M(roll::roll_members)),
+    // CA rotation: each phase once the cluster settled on the last one.
+    ("CA rotation", M(ca_rotation::advance)),
     // Maintenance.
     ("defragment", M(maintenance::defragment)),
     ("unhealthy member", M(maintenance::unhealthy_member)),

@@ -99,6 +99,7 @@ pub(super) fn converged(n: u32, desired: u32) -> Observation {
         restore: RestoreGate::NotNeeded,
         last_failure: None,
         adoption: None,
+        ca_rotation: Default::default(),
     }
 }
 
