@@ -881,6 +881,28 @@ data:
     }
 
     #[test]
+    fn the_ca_rotation_window_comes_from_file_and_flag_and_zero_turns_it_off() {
+        let default = ReconcilerSettings::from_config(&ControllerConfig::default());
+        assert_eq!(
+            default.ca_rotate_before,
+            Some(Duration::from_secs(90 * 86400))
+        );
+        let file = ControllerConfig::from_yaml("caRotateBeforeDays: 0\n", "c.yaml").unwrap();
+        assert_eq!(
+            ReconcilerSettings::from_config(&file).ca_rotate_before,
+            None
+        );
+        let flagged = file.with_overrides(Overrides {
+            ca_rotate_before_days: Some(30),
+            ..Overrides::default()
+        });
+        assert_eq!(
+            ReconcilerSettings::from_config(&flagged).ca_rotate_before,
+            Some(Duration::from_secs(30 * 86400))
+        );
+    }
+
+    #[test]
     fn flags_override_the_file() {
         let file = ControllerConfig::from_yaml(
             "namespaces: [a]\nlabelSelector: stage=dev\nlogFormat: text\n",
