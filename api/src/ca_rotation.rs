@@ -22,6 +22,12 @@ use serde::{Deserialize, Serialize};
 pub const ROTATE_CA_ANNOTATION: &str = "etcdfleet.dev/rotate-ca";
 /// Annotation value that cancels a rotation (as removing the annotation does).
 pub const CANCEL: &str = "cancel";
+/// Annotation asking to recover a lost CA Secret from the members' current
+/// trust (see the README): its value names the request.
+pub const RECOVER_CA_ANNOTATION: &str = "etcdfleet.dev/recover-ca";
+/// Prefix of the request id of a recovery (never cancellable: the old CA's
+/// key is gone).
+pub const RECOVER_REQUEST_PREFIX: &str = "recover-";
 /// Prefix of the request id of a rotation started because the CA nears its expiry.
 pub const EXPIRY_REQUEST_PREFIX: &str = "expiry-";
 /// Condition type: `True` while a rotation is in progress, `False` once done or cancelled.
@@ -70,6 +76,7 @@ impl CaRotationStatus {
     /// Whether it can still be cancelled (nothing was reissued yet).
     pub fn cancellable(&self) -> bool {
         matches!(self.phase.as_str(), phase::PREPARING | phase::TRUSTING)
+            && !self.request_id.starts_with(RECOVER_REQUEST_PREFIX)
     }
 }
 
@@ -113,6 +120,11 @@ mod tests {
         let cancelled = record(phase::CANCELLED, Some("r0/complete"));
         assert_eq!(roll_stamp(Some(&cancelled)).as_deref(), Some("r0/complete"));
         assert!(trusting.cancellable() && !reissuing.cancellable());
+        let recovering = CaRotationStatus {
+            request_id: "recover-r1".into(),
+            ..trusting.clone()
+        };
+        assert!(!recovering.cancellable());
         assert!(!done.in_progress() && !cancelled.in_progress() && trusting.in_progress());
     }
 }

@@ -218,16 +218,18 @@ pub async fn read_pki(
     else {
         return Ok(None);
     };
-    let (Some(cert), Some(key), Some(client_cert), Some(client_key)) = (
+    let lacks = || {
+        AccessError::Invalid(format!(
+            "Secret {} lacks one of {PKI_CA_CERT}, {PKI_CA_KEY}, {PKI_CLIENT_CERT}, {PKI_CLIENT_KEY}",
+            names.pki_secret()
+        ))
+    };
+    let (Some(cert), Some(client_cert), Some(client_key)) = (
         secret_str(&secret, PKI_CA_CERT),
-        secret_str(&secret, PKI_CA_KEY),
         secret_str(&secret, PKI_CLIENT_CERT),
         secret_str(&secret, PKI_CLIENT_KEY),
     ) else {
-        return Err(AccessError::Invalid(format!(
-            "Secret {} lacks one of {PKI_CA_CERT}, {PKI_CA_KEY}, {PKI_CLIENT_CERT}, {PKI_CLIENT_KEY}",
-            names.pki_secret()
-        )));
+        return Err(lacks());
     };
     let next = match (
         secret_str(&secret, PKI_NEXT_CA_CERT),
@@ -238,8 +240,14 @@ pub async fn read_pki(
         )?)),
         _ => None,
     };
+    // Without its key only while a recovery rotates that CA away.
+    let ca = match (secret_str(&secret, PKI_CA_KEY), &next) {
+        (Some(key), _) => CertificateAuthority::from_pem(&cert, &key)?,
+        (None, Some(_)) => CertificateAuthority::verify_only(&cert)?,
+        (None, None) => return Err(lacks()),
+    };
     Ok(Some(Pki {
-        ca: std::sync::Arc::new(CertificateAuthority::from_pem(&cert, &key)?),
+        ca: std::sync::Arc::new(ca),
         client_cert_pem: client_cert,
         client_key_pem: client_key,
         next,

@@ -157,6 +157,25 @@ impl CertificateAuthority {
         Ok(ca)
     }
 
+    /// A CA known by its certificate alone (its key is lost): it is
+    /// trusted and verifies, but cannot sign ([`issue`](Self::issue) fails
+    /// with `InvalidCa`).
+    pub fn verify_only(cert_pem: &str) -> Result<Self> {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
+            .map_err(|e| PkiError::InvalidCertificate(e.to_string()))?;
+        pem.parse_x509()
+            .map_err(|e| PkiError::InvalidCertificate(e.to_string()))?;
+        Ok(CertificateAuthority {
+            cert_pem: cert_pem.to_string(),
+            key_pem: String::new(),
+        })
+    }
+
+    /// Whether it holds its key (see [`verify_only`](Self::verify_only)).
+    pub fn can_sign(&self) -> bool {
+        !self.key_pem.is_empty()
+    }
+
     fn issuer(&self) -> Result<Issuer<'static, KeyPair>> {
         let key = KeyPair::from_pem(&self.key_pem).map_err(PkiError::InvalidCa)?;
         Issuer::from_ca_cert_pem(&self.cert_pem, key).map_err(PkiError::InvalidCa)
@@ -289,6 +308,11 @@ mod renewal_tests {
         assert!(issued_by(&leaf.cert_pem, old.cert_pem()));
         assert!(!issued_by(&leaf.cert_pem, new.cert_pem()));
         assert!(!issued_by("junk", old.cert_pem()));
+        let keyless = CertificateAuthority::verify_only(old.cert_pem()).unwrap();
+        assert!(!keyless.can_sign() && old.can_sign());
+        let refused = keyless.issue(&LeafSpec::client("c", 1)).unwrap_err();
+        assert_eq!(refused.reason(), "InvalidCa");
+        assert!(CertificateAuthority::verify_only("junk").is_err());
     }
 }
 

@@ -2,19 +2,23 @@
 //! under a writer (the writer takes the new trust bundle and client
 //! identity as the controller publishes them), with the controller
 //! restarted after every step; a rotation cancelled while members are
-//! being rolled returns to the old CA alone; and a CA within the expiry
-//! window is rotated without being asked.
+//! being rolled returns to the old CA alone; a CA within the expiry window
+//! is rotated without being asked; and a lost CA Secret is recovered from
+//! the members' trust (on request) by a rotation to a new CA.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use etcdfleet_api::ca_rotation::{CA_ROTATING, EXPIRY_REQUEST_PREFIX, ROTATE_CA_ANNOTATION, phase};
+use etcdfleet_api::ca_rotation::{
+    CA_ROTATING, EXPIRY_REQUEST_PREFIX, RECOVER_CA_ANNOTATION, ROTATE_CA_ANNOTATION, phase,
+};
 use etcdfleet_api::conditions;
 use etcdfleet_controllers::access::Pki;
 use etcdfleet_controllers::connector::KubeconfigClientFactory;
 use etcdfleet_controllers::dialer::DialerKind;
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, TlsMaterial};
+use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::observe::read_pki;
 use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_controllers::pki::{CertificateAuthority, LeafSpec, remaining_validity};
@@ -438,5 +442,106 @@ async fn real_ca_rotation_starts_on_its_own_within_the_expiry_window() -> Result
     ensure!(again.steps.is_empty(), "{:?}", again.steps);
     let (eps, config) = client_from(&world, "aging", new.ca.cert_pem(), &new.ca).await?;
     assert_eq!(accepted_by(&eps, &config).await?, [true; 3]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_ca_rotation_recovers_a_lost_ca_secret_from_the_members_trust() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let Some(world) = installed_world(&["w1"]).await? else {
+        return Ok(());
+    };
+    let mut ctl = world.controller().await?;
+    world.apply(&cluster_yaml("lost", "w1", 3, "3.5.1"))?;
+    converge_real(&mut ctl, &["lost"]).await?;
+    put(&world, "w1", "lost", 3, "before-loss").await?;
+    let old = pki_of(&world, "lost").await?;
+    let secrets: Api<Secret> =
+        Api::namespaced(world.workload("w1").admin_client().await?, WORKLOAD_NS);
+    let server = secrets
+        .get("lost-etcd-server-tls")
+        .await?
+        .data
+        .context("data")?;
+    let text = |key: &str| String::from_utf8(server[key].0.clone());
+    let (old_leaf, old_key) = (text("tls.crt")?, text("tls.key")?);
+
+    // The Secret is lost; a controller that starts now refuses, and says how
+    // to recover.
+    let management: Api<Secret> = Api::namespaced(world.management.admin_client().await?, NS);
+    management
+        .delete("lost-etcd-pki", &Default::default())
+        .await?;
+    ctl.restart();
+    let refused = ctl.reconcile(NS, "lost").await?;
+    assert!(
+        matches!(&refused, Outcome::Blocked(why) if why.contains("recover-ca")),
+        "{refused:?}"
+    );
+
+    world.kubectl(&[
+        "annotate",
+        "-n",
+        NS,
+        "etcdcluster/lost",
+        &format!("{RECOVER_CA_ANNOTATION}=r1"),
+    ])?;
+    let started = Instant::now();
+    let log = converge(
+        &mut ctl,
+        &[(NS, "lost")],
+        Duration::from_secs(600),
+        || async { Ok(()) },
+        |_, _, ctl| {
+            ctl.restart();
+            Ok(())
+        },
+    )
+    .await?;
+    let kinds = step_kinds(&log, "lost");
+    eprintln!("ca recovery: {:?}: {kinds:?}", started.elapsed());
+    let phases: Vec<&str> = kinds.iter().copied().filter(|k| k.contains("Ca")).collect();
+    assert_eq!(
+        phases,
+        [
+            "RecoverCa",
+            "PromoteNextCa",
+            "DropPreviousCa",
+            "CompleteCaRotation"
+        ]
+    );
+    let record = get(&world, "lost")
+        .await?
+        .status
+        .and_then(|s| s.ca_rotation)
+        .context("caRotation")?;
+    assert_eq!(
+        (record.request_id.as_str(), record.phase.as_str()),
+        ("recover-r1", phase::COMPLETED)
+    );
+    let new = pki_of(&world, "lost").await?;
+    assert!(new.ca.can_sign() && new.next.is_none() && new.previous_ca_pem.is_none());
+    assert_ne!(new.ca.cert_pem(), old.ca.cert_pem());
+
+    // The lost CA's certificates are refused; the new CA's accepted.
+    let (eps, mut refused) = client_from(&world, "lost", new.ca.cert_pem(), &new.ca).await?;
+    let accepted = refused.clone();
+    if let Some(tls) = refused.tls.as_mut() {
+        tls.client_cert_pem = Some(old_leaf);
+        tls.client_key_pem = Some(old_key);
+    }
+    assert_eq!(
+        accepted_by(&eps, &refused).await?,
+        [false; 3],
+        "lost CA accepted"
+    );
+    assert_eq!(
+        accepted_by(&eps, &accepted).await?,
+        [true; 3],
+        "new CA refused"
+    );
+    read_everywhere(&world, "w1", "lost", 3, "before-loss").await?;
     Ok(())
 }

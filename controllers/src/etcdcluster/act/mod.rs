@@ -75,5 +75,6 @@ pub async fn execute(
         Step::PromoteNextCa => ca_rotation::promote_next_ca(on).await,
         Step::DropPreviousCa => ca_rotation::drop_previous_ca(on).await,
         Step::CancelCaRotation => ca_rotation::drop_next_ca(on).await,
+        Step::RecoverCa { .. } => ca_rotation::recover_ca(on).await,
     }
 }

@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use etcdfleet_api::EtcdCluster;
-use etcdfleet_api::ca_rotation::{CANCEL, EXPIRY_REQUEST_PREFIX, ROTATE_CA_ANNOTATION};
+use etcdfleet_api::ca_rotation::{
+    CANCEL, EXPIRY_REQUEST_PREFIX, RECOVER_CA_ANNOTATION, RECOVER_REQUEST_PREFIX,
+    ROTATE_CA_ANNOTATION,
+};
 use kube::ResourceExt;
 
 use super::super::plan::CaRotationObservation;
@@ -27,9 +30,14 @@ pub fn read(
     let requested = asked
         .filter(|_| !cancel_asked)
         .or_else(|| pki.and_then(|p| expiry_request(p, rotate_before?)));
+    let recover_asked = (cluster.annotations().get(RECOVER_CA_ANNOTATION))
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+        .map(|v| format!("{RECOVER_REQUEST_PREFIX}{v}"));
     CaRotationObservation {
         requested,
         cancel_asked,
+        recover_asked,
         record: cluster.status.as_ref().and_then(|s| s.ca_rotation.clone()),
         next_ca: pki.is_some_and(|p| p.next.is_some()),
         previous_ca: pki.is_some_and(|p| p.previous_ca_pem.is_some()),
@@ -85,6 +93,10 @@ mod tests {
         let cancel = read(&cluster(Some("cancel")), Some(&p), None);
         assert!(cancel.cancel_asked && cancel.requested.is_none());
         assert_eq!(read(&cluster(None), Some(&p), None).requested, None);
+        let mut lost = cluster(None);
+        (lost.annotations_mut()).insert(RECOVER_CA_ANNOTATION.into(), "r2".into());
+        let recover = read(&lost, None, None).recover_asked;
+        assert_eq!(recover.as_deref(), Some("recover-r2"));
     }
 
     #[test]

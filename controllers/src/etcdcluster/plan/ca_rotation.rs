@@ -11,6 +11,15 @@ use super::members::Members;
 use super::observation::{CaRotationObservation, Observation};
 use super::step::{Plan, Step};
 
+/// Rule: a lost PKI Secret, with a recovery asked for (and no object of
+/// another owner in the way), is rebuilt from the members' current trust
+/// (otherwise the refusals say `PkiLost`).
+pub(super) fn recover(obs: &Observation) -> Option<Plan> {
+    let request_id = obs.ca_rotation.recover_asked.clone()?;
+    (obs.tls && obs.pki_lost && obs.conflicts.is_empty())
+        .then_some(Plan::Act(Step::RecoverCa { request_id }))
+}
+
 /// Rule: a cancelled rotation (annotation removed or `cancel`, or another
 /// request) that reissued nothing yet is undone at once, even mid-roll.
 pub(super) fn cancel(obs: &Observation) -> Option<Plan> {
@@ -93,6 +102,7 @@ mod tests {
         obs.ca_rotation = CaRotationObservation {
             requested: Some("r1".into()),
             cancel_asked: false,
+            recover_asked: None,
             record: Some(CaRotationStatus {
                 request_id: "r1".into(),
                 phase: phase.into(),
@@ -166,6 +176,27 @@ mod tests {
         late.ca_rotation.cancel_asked = true;
         assert_eq!(cancel(&late), None, "certificates were reissued");
         assert_eq!(advance_of(&late), Some(Plan::Act(Step::DropPreviousCa)));
+    }
+
+    #[test]
+    fn a_lost_ca_is_recovered_only_when_asked_and_never_cancelled() {
+        let mut obs = converged(3, 3);
+        obs.pki_lost = true;
+        assert_eq!(recover(&obs), None, "not asked: the refusal stands");
+        obs.ca_rotation.recover_asked = Some("recover-r1".into());
+        assert_eq!(
+            recover(&obs),
+            Some(Plan::Act(Step::RecoverCa {
+                request_id: "recover-r1".into()
+            }))
+        );
+        obs.pki_lost = false;
+        assert_eq!(recover(&obs), None, "nothing lost");
+        let mut recovering = rotating(phase::TRUSTING, true, false);
+        let record = recovering.ca_rotation.record.as_mut().unwrap();
+        record.request_id = "recover-r1".into();
+        recovering.ca_rotation.cancel_asked = true;
+        assert_eq!(cancel(&recovering), None);
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub const RULES: &[(&str, Rule)] = &[
     // Refusals: acting would harm data or another owner (a workload object
     // owned elsewhere, lost PKI, a storage change the StatefulSet cannot
     // take, a version the members' reported version forbids).
+    // A lost CA Secret that a person asked to recover is rebuilt from the
+    // members' trust instead of refused.
+    ("CA rotation: recover a lost CA", O(ca_rotation::recover)),
     ("refusals", O(guards::refusals)),
     ("restore gate", O(guards::restore_gate)),
     // Adoption of a running etcd: refused while a preflight check fails,

@@ -113,6 +113,9 @@ pub struct CaRotationObservation {
     pub requested: Option<String>,
     /// The annotation says `cancel`.
     pub cancel_asked: bool,
+    /// A recovery of a lost CA Secret asked for (`etcdfleet.dev/recover-ca`),
+    /// as its request id (`recover-<value>`).
+    pub recover_asked: Option<String>,
     /// `status.caRotation`: the last (or current) rotation.
     pub record: Option<etcdfleet_api::ca_rotation::CaRotationStatus>,
     /// The PKI Secret holds a rotation's new CA beside the current one.

@@ -128,6 +128,13 @@ pub enum Step {
     DropPreviousCa,
     /// Every member trusts and presents the new CA only (`Completed`).
     CompleteCaRotation,
+    /// Recover a lost PKI Secret from the members' current trust: the CA
+    /// their TLS Secrets hold (no key) stays trusted beside a new CA, the
+    /// server certificate serves as the controller's client identity
+    /// meanwhile, and the rotation goes on from `Trusting`.
+    RecoverCa {
+        request_id: String,
+    },
     /// Cancel a rotation before anything was reissued: the new CA is
     /// dropped, members return to the old CA alone (`Cancelled`).
     CancelCaRotation,
@@ -158,6 +165,7 @@ impl Step {
             Step::DropPreviousCa => "DropPreviousCa",
             Step::CompleteCaRotation => "CompleteCaRotation",
             Step::CancelCaRotation => "CancelCaRotation",
+            Step::RecoverCa { .. } => "RecoverCa",
         }
     }
 
@@ -263,6 +271,11 @@ impl fmt::Display for Step {
             Step::CancelCaRotation => write!(
                 f,
                 "CA rotation cancelled: drop the new CA, members trust the old CA alone"
+            ),
+            Step::RecoverCa { request_id } => write!(
+                f,
+                "recover the lost CA Secret ({request_id:?}) from the members' trust, \
+                 and rotate to a new CA"
             ),
         }
     }

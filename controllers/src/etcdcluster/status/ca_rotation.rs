@@ -16,13 +16,15 @@ impl Report {
             return;
         };
         let record = match step {
-            Step::StartCaRotation { request_id } => CaRotationStatus {
-                request_id: request_id.clone(),
-                phase: to.to_string(),
-                started_time: Some(now()),
-                updated_time: None,
-                prior_roll_stamp: roll_stamp(self.new.ca_rotation.as_ref()),
-            },
+            Step::StartCaRotation { request_id } | Step::RecoverCa { request_id } => {
+                CaRotationStatus {
+                    request_id: request_id.clone(),
+                    phase: to.to_string(),
+                    started_time: Some(now()),
+                    updated_time: None,
+                    prior_roll_stamp: roll_stamp(self.new.ca_rotation.as_ref()),
+                }
+            }
             _ => match self.new.ca_rotation.clone() {
                 Some(r) => CaRotationStatus {
                     phase: to.to_string(),
@@ -50,6 +52,8 @@ fn phase_after(step: &Step) -> Option<&'static str> {
         Step::DropPreviousCa => phase::COMPLETING,
         Step::CompleteCaRotation => phase::COMPLETED,
         Step::CancelCaRotation => phase::CANCELLED,
+        // The recovered CA and a new one are both in the PKI Secret at once.
+        Step::RecoverCa { .. } => phase::TRUSTING,
         _ => return None,
     })
 }
