@@ -44,6 +44,15 @@ pub(super) fn advance(m: &Members) -> Option<Plan> {
     if !m.obs.tls {
         return None;
     }
+    // An adopted etcd's old members trust only the old CA, and are not
+    // rolled by this cluster: no rotation until they have left.
+    if m.obs.adoption.is_some() {
+        let asked = rotation.requested.is_some()
+            || rotation.record.as_ref().is_some_and(|r| r.in_progress());
+        return asked.then(|| {
+            Plan::Wait("CA rotation waits for the takeover of the running etcd to complete".into())
+        });
+    }
     let Some(record) = rotation.record.as_ref().filter(|r| r.in_progress()) else {
         return start(rotation);
     };
@@ -94,6 +103,9 @@ fn next_step(record: &CaRotationStatus, rotation: &CaRotationObservation) -> Opt
 
 #[cfg(test)]
 mod tests {
+    use super::super::observation::AdoptionObservation;
+    use super::super::plan_next_step;
+    use super::super::step::ObjectKind;
     use super::super::tests::converged;
     use super::*;
 
@@ -155,6 +167,43 @@ mod tests {
             let obs = rotating(phase, next, previous);
             assert_eq!(advance_of(&obs), want.map(Plan::Act), "{phase}");
         }
+    }
+
+    #[test]
+    fn no_rotation_while_an_adopted_etcd_is_taken_over() {
+        let mut obs = converged(3, 3);
+        obs.ca_rotation.requested = Some("r1".into());
+        obs.adoption = Some(AdoptionObservation {
+            credentials: Ok(()),
+            ca_imported: true,
+            endpoints: vec![],
+            spec_version: "3.5.1".into(),
+            recorded: Default::default(),
+            retired: Default::default(),
+            probes: vec![],
+            deletable: vec![],
+        });
+        assert!(matches!(advance_of(&obs), Some(Plan::Wait(w)) if w.contains("takeover")));
+        obs.ca_rotation.requested = None;
+        assert_eq!(advance_of(&obs), None);
+    }
+
+    #[test]
+    fn the_policy_rolls_each_phase_before_the_next_and_cancels_mid_roll() {
+        let mut obs = rotating(phase::TRUSTING, true, false);
+        obs.stale_objects = vec![ObjectKind::ServerTlsSecret, ObjectKind::StatefulSet];
+        assert_eq!(
+            plan_next_step(&obs),
+            Plan::Act(Step::WriteObjects(obs.stale_objects.clone()))
+        );
+        obs.stale_objects.clear();
+        obs.pods.get_mut(&1).unwrap().image = "etcd:v3.4.0".into();
+        assert!(matches!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RestartMember { ordinal: 1, .. })
+        ));
+        obs.ca_rotation.requested = None;
+        assert_eq!(plan_next_step(&obs), Plan::Act(Step::CancelCaRotation));
     }
 
     #[test]
