@@ -62,7 +62,7 @@ pub(super) fn advance(m: &Members) -> Option<Plan> {
             record.request_id, record.phase
         )));
     }
-    next_step(record, rotation).map(Plan::Act)
+    Some(next_step(record, rotation))
 }
 
 /// A new request (never the one recorded last) starts a rotation.
@@ -89,15 +89,24 @@ fn unsettled(m: &Members) -> Option<String> {
 }
 
 /// The step that ends the recorded phase. Each is idempotent, so one taken
-/// before a crash (but not yet recorded) is taken again harmlessly.
-fn next_step(record: &CaRotationStatus, rotation: &CaRotationObservation) -> Option<Step> {
-    Some(match record.phase.as_str() {
+/// before a crash (but not yet recorded) is taken again harmlessly. A
+/// phase the PKI Secret does not match (restored from an older copy) is
+/// held for a person.
+fn next_step(record: &CaRotationStatus, rotation: &CaRotationObservation) -> Plan {
+    Plan::Act(match record.phase.as_str() {
         phase::PREPARING => Step::GenerateNextCa,
         phase::TRUSTING if rotation.next_ca || rotation.previous_ca => Step::PromoteNextCa,
         phase::REISSUING => Step::DropPreviousCa,
         phase::COMPLETING if !rotation.previous_ca => Step::CompleteCaRotation,
         phase::COMPLETING => Step::DropPreviousCa,
-        _ => return None,
+        other => {
+            return Plan::Hold(format!(
+                "CA rotation {:?} is {other}, but the PKI Secret holds no new CA (was it \
+                 restored from an older copy?); cancel the rotation with \
+                 etcdfleet.dev/rotate-ca=cancel and ask again",
+                record.request_id
+            ));
+        }
     })
 }
 
@@ -161,12 +170,13 @@ mod tests {
                 Some(Step::CompleteCaRotation),
             ),
             (phase::COMPLETING, false, true, Some(Step::DropPreviousCa)),
-            (phase::TRUSTING, false, false, None),
         ];
         for (phase, next, previous, want) in cases {
             let obs = rotating(phase, next, previous);
             assert_eq!(advance_of(&obs), want.map(Plan::Act), "{phase}");
         }
+        let lost_next = rotating(phase::TRUSTING, false, false);
+        assert!(matches!(advance_of(&lost_next), Some(Plan::Hold(h)) if h.contains("cancel")));
     }
 
     #[test]
