@@ -65,9 +65,12 @@ pub(super) fn advance(m: &Members) -> Option<Plan> {
     Some(next_step(record, rotation))
 }
 
-/// A new request (never the one recorded last) starts a rotation.
+/// A new request (never the one recorded last) starts a rotation. A
+/// recovery whose PKI Secret was rebuilt but not recorded (the controller
+/// stopped in between) is recorded now and goes on from there.
 fn start(rotation: &CaRotationObservation) -> Option<Plan> {
-    let requested = rotation.requested.as_ref()?;
+    let unrecorded_recovery = rotation.recover_asked.as_ref().filter(|_| rotation.next_ca);
+    let requested = rotation.requested.as_ref().or(unrecorded_recovery)?;
     let seen = rotation.record.as_ref().map(|r| &r.request_id) == Some(requested);
     (!seen && !rotation.cancel_asked).then(|| {
         Plan::Act(Step::StartCaRotation {
@@ -251,6 +254,14 @@ mod tests {
         );
         obs.pki_lost = false;
         assert_eq!(recover(&obs), None, "nothing lost");
+        obs.ca_rotation.next_ca = true;
+        assert_eq!(
+            advance_of(&obs),
+            Some(Plan::Act(Step::StartCaRotation {
+                request_id: "recover-r1".into()
+            })),
+            "rebuilt, not recorded: recorded now"
+        );
         let mut recovering = rotating(phase::TRUSTING, true, false);
         let record = recovering.ca_rotation.record.as_mut().unwrap();
         record.request_id = "recover-r1".into();
