@@ -5,6 +5,7 @@
 
 pub mod adopt;
 pub mod backup;
+pub mod ca_rotation;
 pub mod conditions;
 pub mod destination;
 pub mod restore;

@@ -440,6 +440,11 @@ pub struct EtcdClusterStatus {
     /// the rollout recorded it on the cluster when it wrote the change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutRecord>,
+
+    /// The last (or current) rotation of the cluster's CA: its request, its
+    /// phase and when it started and last moved on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_rotation: Option<crate::ca_rotation::CaRotationStatus>,
 }
 
 /// A fleet rollout that changed a cluster.

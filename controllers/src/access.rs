@@ -124,7 +124,7 @@ impl Access {
     ) -> EtcdConfig {
         EtcdConfig {
             tls: pki.map(|p| TlsMaterial {
-                ca_pem: p.ca.cert_pem().to_string(),
+                ca_pem: p.trust_bundle(),
                 client_cert_pem: Some(p.client_cert_pem.clone()),
                 client_key_pem: Some(p.client_key_pem.clone()),
                 server_name: Some(names.client_service_host()),
@@ -168,6 +168,12 @@ pub const PKI_CA_CERT: &str = "ca.crt";
 pub const PKI_CA_KEY: &str = "ca.key";
 pub const PKI_CLIENT_CERT: &str = "client.crt";
 pub const PKI_CLIENT_KEY: &str = "client.key";
+/// The CA a rotation introduces, kept beside the current one until it
+/// takes over (see `etcdfleet_api::ca_rotation`).
+pub const PKI_NEXT_CA_CERT: &str = "ca-next.crt";
+pub const PKI_NEXT_CA_KEY: &str = "ca-next.key";
+/// The CA a rotation replaced, still trusted until the rotation completes.
+pub const PKI_PREVIOUS_CA_CERT: &str = "ca-previous.crt";
 
 /// The CA and the controller's client identity of one etcd cluster.
 #[derive(Clone)]
@@ -175,6 +181,31 @@ pub struct Pki {
     pub ca: std::sync::Arc<CertificateAuthority>,
     pub client_cert_pem: String,
     pub client_key_pem: String,
+    /// A rotation's new CA, before it takes over.
+    pub next: Option<std::sync::Arc<CertificateAuthority>>,
+    /// The CA a rotation replaced, until the rotation completes.
+    pub previous_ca_pem: Option<String>,
+}
+
+impl Pki {
+    /// Every CA members and the controller trust now, oldest first: the
+    /// previous CA, the current one, the next one.
+    /// Without a rotation in progress it is the CA's own PEM, unchanged.
+    pub fn trust_bundle(&self) -> String {
+        if self.next.is_none() && self.previous_ca_pem.is_none() {
+            return self.ca.cert_pem().to_string();
+        }
+        let next = self.next.as_ref().map(|n| n.cert_pem());
+        [
+            self.previous_ca_pem.as_deref(),
+            Some(self.ca.cert_pem()),
+            next,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|pem| format!("{}\n", pem.trim_end()))
+        .collect()
+    }
 }
 
 pub fn secret_str(secret: &Secret, key: &str) -> Option<String> {
@@ -200,21 +231,40 @@ pub async fn read_pki(
     else {
         return Ok(None);
     };
-    let (Some(cert), Some(key), Some(client_cert), Some(client_key)) = (
+    let lacks = || {
+        AccessError::Invalid(format!(
+            "Secret {} lacks one of {PKI_CA_CERT}, {PKI_CA_KEY}, {PKI_CLIENT_CERT}, {PKI_CLIENT_KEY}",
+            names.pki_secret()
+        ))
+    };
+    let (Some(cert), Some(client_cert), Some(client_key)) = (
         secret_str(&secret, PKI_CA_CERT),
-        secret_str(&secret, PKI_CA_KEY),
         secret_str(&secret, PKI_CLIENT_CERT),
         secret_str(&secret, PKI_CLIENT_KEY),
     ) else {
-        return Err(AccessError::Invalid(format!(
-            "Secret {} lacks one of {PKI_CA_CERT}, {PKI_CA_KEY}, {PKI_CLIENT_CERT}, {PKI_CLIENT_KEY}",
-            names.pki_secret()
-        )));
+        return Err(lacks());
+    };
+    let next = match (
+        secret_str(&secret, PKI_NEXT_CA_CERT),
+        secret_str(&secret, PKI_NEXT_CA_KEY),
+    ) {
+        (Some(cert), Some(key)) => Some(std::sync::Arc::new(CertificateAuthority::from_pem(
+            &cert, &key,
+        )?)),
+        _ => None,
+    };
+    // Without its key only while a recovery rotates that CA away.
+    let ca = match (secret_str(&secret, PKI_CA_KEY), &next) {
+        (Some(key), _) => CertificateAuthority::from_pem(&cert, &key)?,
+        (None, Some(_)) => CertificateAuthority::verify_only(&cert)?,
+        (None, None) => return Err(lacks()),
     };
     Ok(Some(Pki {
-        ca: std::sync::Arc::new(CertificateAuthority::from_pem(&cert, &key)?),
+        ca: std::sync::Arc::new(ca),
         client_cert_pem: client_cert,
         client_key_pem: client_key,
+        next,
+        previous_ca_pem: secret_str(&secret, PKI_PREVIOUS_CA_CERT),
     }))
 }
 

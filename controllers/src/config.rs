@@ -184,6 +184,9 @@ pub struct ControllerConfig {
     /// seeder from it into the member pod. Recorded per cluster when its
     /// restore is verified, so changing it moves no running cluster.
     pub seeder_image: String,
+    /// A cluster whose CA expires within this many days has its CA rotated
+    /// (`status.caRotation`, request `expiry-…`); 0 turns it off.
+    pub ca_rotate_before_days: u64,
     /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
     #[serde(skip)]
     selector: LabelSelector,
@@ -206,6 +209,7 @@ impl Default for ControllerConfig {
             debounce_milliseconds: 200,
             shutdown_grace_seconds: 10,
             seeder_image: DEFAULT_SEEDER_IMAGE.to_string(),
+            ca_rotate_before_days: 90,
             selector: LabelSelector::default(),
         }
     }
@@ -233,6 +237,7 @@ pub struct Overrides {
     pub dialer: Option<DialerKind>,
     pub otlp_endpoint: Option<String>,
     pub seeder_image: Option<String>,
+    pub ca_rotate_before_days: Option<u64>,
 }
 
 impl ControllerConfig {
@@ -341,6 +346,9 @@ impl ControllerConfig {
         }
         if let Some(v) = o.otlp_endpoint {
             self.tracing.otlp_endpoint = Some(v);
+        }
+        if let Some(v) = o.ca_rotate_before_days {
+            self.ca_rotate_before_days = v;
         }
         if let Some(v) = o.seeder_image {
             self.seeder_image = v;
@@ -878,6 +886,28 @@ data:
                 "{yaml}: {err} should name {field}"
             );
         }
+    }
+
+    #[test]
+    fn the_ca_rotation_window_comes_from_file_and_flag_and_zero_turns_it_off() {
+        let default = ReconcilerSettings::from_config(&ControllerConfig::default());
+        assert_eq!(
+            default.ca_rotate_before,
+            Some(Duration::from_secs(90 * 86400))
+        );
+        let file = ControllerConfig::from_yaml("caRotateBeforeDays: 0\n", "c.yaml").unwrap();
+        assert_eq!(
+            ReconcilerSettings::from_config(&file).ca_rotate_before,
+            None
+        );
+        let flagged = file.with_overrides(Overrides {
+            ca_rotate_before_days: Some(30),
+            ..Overrides::default()
+        });
+        assert_eq!(
+            ReconcilerSettings::from_config(&flagged).ca_rotate_before,
+            Some(Duration::from_secs(30 * 86400))
+        );
     }
 
     #[test]

@@ -76,6 +76,12 @@ struct RolloutStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterPhaseLabels {
+    cluster: String,
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterReasonLabels {
     cluster: String,
     reason: String,
@@ -111,6 +117,10 @@ pub struct Metrics {
     rollout_plan_duration: Histogram,
     rollout_writes: Family<RolloutLabels, Counter>,
     rollout_clusters: Family<RolloutStateLabels, Gauge>,
+    /// 1 for the phase of a cluster's CA rotation, 0 for its other phases.
+    ca_rotation_phase: Family<ClusterPhaseLabels, Gauge>,
+    /// The phases with a series, per cluster (to drop them with it).
+    ca_rotation_phases: Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl Default for Metrics {
@@ -196,6 +206,12 @@ impl Metrics {
             "When a cluster's certificate expires (Unix seconds): ca, or the controller's client certificate",
             Family::default(),
         );
+        let ca_rotation_phase = registered(
+            &mut r,
+            "ca_rotation_phase",
+            "Phase of the last CA rotation, by cluster: 1 for the current phase, 0 for the others",
+            Family::default(),
+        );
         let BackupSeries {
             backup_age,
             backup_size,
@@ -209,6 +225,8 @@ impl Metrics {
         } = RolloutSeries::register(&mut r);
         Metrics {
             registry: r,
+            ca_rotation_phase,
+            ca_rotation_phases: Mutex::new(HashMap::new()),
             reconciles,
             failures,
             reconcile_duration,
@@ -292,6 +310,36 @@ impl Metrics {
                 plan: plan.to_string(),
             })
             .inc();
+    }
+
+    /// Records the phase of one cluster's CA rotation among `phases`
+    /// (`None`: the cluster never rotated its CA, or is gone: no series).
+    pub fn set_ca_rotation_phase(&self, cluster: &str, phases: &[&str], current: Option<&str>) {
+        let mut known = self
+            .ca_rotation_phases
+            .lock()
+            .expect("metrics lock poisoned");
+        for phase in known.remove(cluster).unwrap_or_default() {
+            self.ca_rotation_phase.remove(&ClusterPhaseLabels {
+                cluster: cluster.to_string(),
+                phase,
+            });
+        }
+        let Some(now) = current else {
+            return;
+        };
+        for phase in phases {
+            self.ca_rotation_phase
+                .get_or_create(&ClusterPhaseLabels {
+                    cluster: cluster.to_string(),
+                    phase: phase.to_string(),
+                })
+                .set(i64::from(now == *phase));
+        }
+        known.insert(
+            cluster.into(),
+            phases.iter().map(|p| p.to_string()).collect(),
+        );
     }
 
     /// Records the conditions of one cluster (`namespace/name`); `None` forgets it.
@@ -416,6 +464,7 @@ impl Metrics {
     /// Drops every series of `cluster` (`namespace/name`): it was deleted.
     pub fn forget_cluster(&self, cluster: &str) {
         self.set_cluster_conditions(cluster, None);
+        self.set_ca_rotation_phase(cluster, &[], None);
         self.backup_last_success
             .lock()
             .expect("metrics lock poisoned")
@@ -617,6 +666,23 @@ mod tests {
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ),
         }
+    }
+
+    #[test]
+    fn the_ca_rotation_phase_is_one_for_the_current_phase_and_goes_with_its_cluster() {
+        let m = Metrics::new();
+        m.set_ca_rotation_phase("a/x", &["Trusting", "Completed"], Some("Trusting"));
+        let text = m.encode();
+        assert!(
+            text.contains(r#"etcdfleet_ca_rotation_phase{cluster="a/x",phase="Trusting"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"etcdfleet_ca_rotation_phase{cluster="a/x",phase="Completed"} 0"#),
+            "{text}"
+        );
+        m.forget_cluster("a/x");
+        assert!(!m.encode().contains("cluster=\"a/x\",phase"));
     }
 
     #[test]

@@ -33,6 +33,10 @@ impl Names {
     pub fn members_configmap(&self) -> String {
         format!("{}-etcd-members", self.cluster)
     }
+    /// The CAs the cluster's clients should trust (workload namespace).
+    pub fn ca_bundle_configmap(&self) -> String {
+        format!("{}-etcd-ca-bundle", self.cluster)
+    }
     pub fn pdb(&self) -> String {
         format!("{}-etcd", self.cluster)
     }

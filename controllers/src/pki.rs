@@ -157,6 +157,25 @@ impl CertificateAuthority {
         Ok(ca)
     }
 
+    /// A CA known by its certificate alone (its key is lost): it is
+    /// trusted and verifies, but cannot sign ([`issue`](Self::issue) fails
+    /// with `InvalidCa`).
+    pub fn verify_only(cert_pem: &str) -> Result<Self> {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
+            .map_err(|e| PkiError::InvalidCertificate(e.to_string()))?;
+        pem.parse_x509()
+            .map_err(|e| PkiError::InvalidCertificate(e.to_string()))?;
+        Ok(CertificateAuthority {
+            cert_pem: cert_pem.to_string(),
+            key_pem: String::new(),
+        })
+    }
+
+    /// Whether it holds its key (see [`verify_only`](Self::verify_only)).
+    pub fn can_sign(&self) -> bool {
+        !self.key_pem.is_empty()
+    }
+
     fn issuer(&self) -> Result<Issuer<'static, KeyPair>> {
         let key = KeyPair::from_pem(&self.key_pem).map_err(PkiError::InvalidCa)?;
         Issuer::from_ca_cert_pem(&self.cert_pem, key).map_err(PkiError::InvalidCa)
@@ -239,6 +258,23 @@ pub fn not_after(cert_pem: &str) -> Result<i64> {
     Ok(cert.validity().not_after.timestamp())
 }
 
+/// Whether the certificate in `cert_pem` was signed by the CA in `ca_pem`
+/// (its signature verifies with the CA's key). Unparsable input is `false`.
+pub fn issued_by(cert_pem: &str, ca_pem: &str) -> bool {
+    let parse = |pem: &str| {
+        x509_parser::pem::parse_x509_pem(pem.as_bytes())
+            .ok()
+            .map(|(_, p)| p)
+    };
+    let (Some(leaf), Some(ca)) = (parse(cert_pem), parse(ca_pem)) else {
+        return false;
+    };
+    match (leaf.parse_x509(), ca.parse_x509()) {
+        (Ok(leaf), Ok(ca)) => leaf.verify_signature(Some(ca.public_key())).is_ok(),
+        _ => false,
+    }
+}
+
 fn set_validity(params: &mut CertificateParams, days: u32) -> Result<()> {
     if days == 0 {
         return Err(PkiError::ZeroValidity);
@@ -265,6 +301,23 @@ mod renewal_tests {
             "{left:?}"
         );
         assert!(remaining_validity("not a certificate").is_err());
+    }
+
+    #[test]
+    fn a_leaf_is_issued_by_its_ca_only() {
+        let (old, new) = (
+            CertificateAuthority::generate("ca").unwrap(),
+            CertificateAuthority::generate("ca").unwrap(),
+        );
+        let leaf = old.issue(&LeafSpec::client("c", 10)).unwrap();
+        assert!(issued_by(&leaf.cert_pem, old.cert_pem()));
+        assert!(!issued_by(&leaf.cert_pem, new.cert_pem()));
+        assert!(!issued_by("junk", old.cert_pem()));
+        let keyless = CertificateAuthority::verify_only(old.cert_pem()).unwrap();
+        assert!(!keyless.can_sign() && old.can_sign());
+        let refused = keyless.issue(&LeafSpec::client("c", 1)).unwrap_err();
+        assert_eq!(refused.reason(), "InvalidCa");
+        assert!(CertificateAuthority::verify_only("junk").is_err());
     }
 }
 

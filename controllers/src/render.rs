@@ -108,6 +108,16 @@ pub struct RenderInputs {
     /// part of any hash (never serialized).
     #[serde(skip)]
     pub initial_cluster_token: Option<String>,
+    /// Where a CA rotation stands for the members (see
+    /// `etcdfleet_api::ca_rotation::roll_stamp`): each phase that changes
+    /// what they trust or present changes it, which rolls them. Absent
+    /// (and out of every hash) until a rotation changed the members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_roll_stamp: Option<String>,
+    /// The CA bundle ConfigMap is published (once a rotation was asked for).
+    /// Not part of any hash.
+    #[serde(skip)]
+    pub publish_ca_bundle: bool,
 }
 
 /// How this controller release renders. Tests switch to a "next release"
@@ -309,6 +319,26 @@ pub fn members_configmap(inputs: &RenderInputs, initial_cluster: &str, state: &s
         ..Default::default()
     };
     // Membership state, not rendered from the spec: no inputs hash.
+    cm.metadata.annotations = None;
+    cm
+}
+
+/// Key of the CA bundle ConfigMap: the CAs clients should trust.
+pub const CA_BUNDLE_KEY: &str = "ca.crt";
+
+/// The CA bundle ConfigMap (`<cluster>-etcd-ca-bundle`): where the
+/// cluster's clients read which CAs to trust, during and after a rotation.
+pub fn ca_bundle_configmap(inputs: &RenderInputs, bundle: &str) -> ConfigMap {
+    let names = inputs.names();
+    let mut cm = ConfigMap {
+        metadata: meta(inputs, names.ca_bundle_configmap(), String::new()),
+        data: Some(BTreeMap::from([(
+            CA_BUNDLE_KEY.to_string(),
+            bundle.to_string(),
+        )])),
+        ..Default::default()
+    };
+    // The management-side PKI, not the spec: no inputs hash.
     cm.metadata.annotations = None;
     cm
 }
@@ -932,6 +962,8 @@ mod tests {
             auto_compaction_retention: "1h".into(),
             restore: None,
             initial_cluster_token: None,
+            ca_roll_stamp: None,
+            publish_ca_bundle: false,
         }
     }
 

@@ -392,6 +392,7 @@ fn every_config_file_field_has_a_run_flag() {
         ("dialer", "--dialer"),
         ("tracing.otlpEndpoint", "--otlp-endpoint"),
         ("seederImage", "--seeder-image"),
+        ("caRotateBeforeDays", "--ca-rotate-before-days"),
     ];
     // Every field the file can hold, from the configuration type itself, so
     // a new field without a flag fails here.

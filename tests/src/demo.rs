@@ -784,6 +784,7 @@ fn plain(step: &Step) -> String {
                     ObjectKind::Namespace => "namespace",
                     ObjectKind::ServerTlsSecret => "server certificates",
                     ObjectKind::PeerTlsSecret => "peer certificates",
+                    ObjectKind::CaBundleConfigMap => "CA bundle",
                     ObjectKind::PeerService => "peer service",
                     ObjectKind::ClientService => "client service",
                     ObjectKind::PodDisruptionBudget => "disruption budget",

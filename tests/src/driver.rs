@@ -40,6 +40,8 @@ pub fn fast_settings() -> ReconcilerSettings {
         // the next reconcile to see it: nothing is trusted without a read.
         reread_after: Duration::ZERO,
         seeder_image: crate::runtime::SEEDER_IMAGE.to_string(),
+        // No rotation on its own unless a test asks for one.
+        ca_rotate_before: None,
     }
 }
 

@@ -194,6 +194,9 @@ struct RunArgs {
     /// Image with the etcdfleet binary that restoring clusters copy their seeder from [file: seederImage; default this release's controller image].
     #[arg(long)]
     seeder_image: Option<String>,
+    /// Rotate a cluster's CA when it expires within this many days; 0: never on its own [file: caRotateBeforeDays; default 90].
+    #[arg(long)]
+    ca_rotate_before_days: Option<u64>,
 }
 
 #[derive(clap::Args)]
@@ -512,6 +515,7 @@ async fn run(args: RunArgs) -> ExitCode {
         }),
         otlp_endpoint: args.otlp_endpoint,
         seeder_image: args.seeder_image,
+        ca_rotate_before_days: args.ca_rotate_before_days,
     };
     let config = match ControllerConfig::load(args.config.as_deref(), overrides) {
         Ok(c) => c,

@@ -733,6 +733,7 @@ pub fn observation_from_status(
         // A running cluster: the restore gate applies only before bootstrap.
         restore: Default::default(),
         adoption: None,
+        ca_rotation: Default::default(),
     }
 }
 
@@ -987,6 +988,7 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
         Step::RecoverFromNoSpace | Step::Defragment { .. } => write!(out, "maintenance: {step}"),
         Step::Version(_) => write!(out, "version: {step}"),
         Step::ImportCa | Step::RetireMember { .. } => write!(out, "adopt: {step}"),
+        _ => write!(out, "ca-rotation: {step}"),
     };
     out
 }

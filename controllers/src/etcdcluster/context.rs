@@ -46,6 +46,8 @@ pub struct ReconcilerSettings {
     pub reread_after: Duration,
     /// Default image of the restore seeder (see `ControllerConfig::seeder_image`).
     pub seeder_image: String,
+    /// A CA expiring within this long is rotated on its own (`None`: never).
+    pub ca_rotate_before: Option<Duration>,
 }
 
 impl Default for ReconcilerSettings {
@@ -76,6 +78,8 @@ impl ReconcilerSettings {
             cert_renew_before: Duration::from_secs(30 * 86400),
             reread_after: Duration::from_secs(10 * 60),
             seeder_image: config.seeder_image.clone(),
+            ca_rotate_before: (config.ca_rotate_before_days > 0)
+                .then(|| Duration::from_secs(config.ca_rotate_before_days * 86400)),
         }
     }
 }

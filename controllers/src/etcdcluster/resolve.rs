@@ -237,6 +237,7 @@ pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderIn
     let resources = (r.resources.requests.as_ref().is_some_and(|m| !m.is_empty())
         || r.resources.limits.as_ref().is_some_and(|m| !m.is_empty()))
     .then(|| r.resources.clone());
+    let rotation = cluster.status.as_ref().and_then(|s| s.ca_rotation.as_ref());
     RenderInputs {
         name: cluster.name_any(),
         owner_namespace: cluster.namespace().unwrap_or_default(),
@@ -258,6 +259,8 @@ pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderIn
         restore: cluster.status.as_ref().and_then(|s| s.restore.clone()),
         // Read from the StatefulSet when one is rewritten (`act`).
         initial_cluster_token: None,
+        ca_roll_stamp: etcdfleet_api::ca_rotation::roll_stamp(rotation),
+        publish_ca_bundle: rotation.is_some(),
     }
 }
 

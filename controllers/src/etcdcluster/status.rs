@@ -26,6 +26,7 @@ use super::plan::{
 use super::{Context, Error, Result, now};
 
 mod adopt;
+mod ca_rotation;
 use crate::connector::ConnectError;
 use crate::etcd::{AlarmKind, ClusterHealth};
 use crate::render::{self, Names};
@@ -591,6 +592,9 @@ impl Report {
             time: Some(now()),
             failures,
         });
+        if error.is_none() {
+            self.ca_rotation_moved(step);
+        }
     }
 
     /// Writes the status now, before a step whose effect must be
@@ -627,6 +631,11 @@ impl Report {
             .set_cluster_conditions(&key, Some(&self.new.conditions));
         ctx.metrics
             .set_cluster_members(&key, self.new.replicas, self.new.ready_members);
+        ctx.metrics.set_ca_rotation_phase(
+            &key,
+            &etcdfleet_api::ca_rotation::phase::ALL,
+            self.new.ca_rotation.as_ref().map(|r| r.phase.as_str()),
+        );
         if self.new == self.old {
             return Ok(false);
         }

@@ -114,7 +114,8 @@ pub async fn etcd_of(
         .collect::<Result<_>>()?;
     let config = EtcdClientConfig {
         tls: Some(TlsMaterial {
-            ca_pem: pki.ca.cert_pem().to_string(),
+            // Every CA trusted now (two while a CA rotation is under way).
+            ca_pem: pki.trust_bundle(),
             client_cert_pem: Some(pki.client_cert_pem.clone()),
             client_key_pem: Some(pki.client_key_pem.clone()),
             server_name: Some(names.client_service_host()),

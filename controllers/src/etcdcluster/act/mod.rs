@@ -6,11 +6,13 @@
 //! [`execute`] hands each step to one function: the workload objects and
 //! bootstrap in `objects`, the management-side PKI in `pki`, the members
 //! (etcd membership, volumes, restarts, maintenance) in `members`; the
-//! takeover of a running etcd in `adopt`; what every step acts on in
-//! `target`; deletion of the whole cluster is [`finalize`]. The steps of a
-//! version change, which record into the status, are [`version::execute`]'s.
+//! takeover of a running etcd in `adopt`; the rotation of the CA in
+//! `ca_rotation`; what every step acts on in `target`; deletion of the
+//! whole cluster is [`finalize`]. The steps of a version change, which
+//! record into the status, are [`version::execute`]'s.
 
 mod adopt;
+mod ca_rotation;
 mod finalize;
 mod members;
 mod objects;
@@ -73,5 +75,12 @@ pub async fn execute(
         ))),
         Step::ImportCa => adopt::import_ca(on).await,
         Step::RetireMember { member_id } => adopt::retire_member(on, *member_id).await,
+        // Status only: the report records the request and the end.
+        Step::StartCaRotation { .. } | Step::CompleteCaRotation => Ok(()),
+        Step::GenerateNextCa => ca_rotation::generate_next_ca(on).await,
+        Step::PromoteNextCa => ca_rotation::promote_next_ca(on).await,
+        Step::DropPreviousCa => ca_rotation::drop_previous_ca(on).await,
+        Step::CancelCaRotation => ca_rotation::drop_next_ca(on).await,
+        Step::RecoverCa { .. } => ca_rotation::recover_ca(on).await,
     }
 }

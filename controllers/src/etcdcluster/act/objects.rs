@@ -17,8 +17,8 @@ use super::super::context::{Context, Error, Result};
 use super::super::plan::ObjectKind;
 use super::pki;
 use super::target::{CERT_VALIDITY_DAYS, Target, apply};
-use crate::access::read_pki;
-use crate::pki::{CertUsage, LeafSpec};
+use crate::access::{read_pki, secret_str};
+use crate::pki::{CertUsage, LeafSpec, issued_by, remaining_validity};
 use crate::render::{self, RenderInputs};
 
 /// Writes the objects in the order given (the PKI first).
@@ -64,6 +64,7 @@ async fn write_object(on: &Target<'_>, kind: ObjectKind) -> Result<()> {
                 .map_err(err)
         }
         ObjectKind::MembersConfigMap => write_members_configmap(on).await,
+        ObjectKind::CaBundleConfigMap => write_ca_bundle(on).await,
         ObjectKind::StatefulSet => write_statefulset(on).await,
     }
 }
@@ -83,18 +84,71 @@ async fn write_tls_secret(on: &Target<'_>, kind: ObjectKind) -> Result<()> {
     } else {
         (names.peer_tls_secret(), CertUsage::Peer, "etcd-peer")
     };
-    let cert = pki.ca.issue(&LeafSpec {
-        common_name: cn.to_string(),
-        dns_names: names.member_dns_names(),
-        ip_addresses: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        usage,
-        validity_days: CERT_VALIDITY_DAYS,
-    })?;
-    let secret = tls_secret(inputs, name, kind, pki.ca.cert_pem(), &cert);
+    let cert = match kept_leaf(on, &name, kind, &pki).await? {
+        Some(cert) => cert,
+        None => pki.ca.issue(&LeafSpec {
+            common_name: cn.to_string(),
+            dns_names: names.member_dns_names(),
+            ip_addresses: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            usage,
+            validity_days: CERT_VALIDITY_DAYS,
+        })?,
+    };
+    let secret = tls_secret(inputs, name, kind, &pki.trust_bundle(), &cert);
     apply(&on.api::<Secret>(), &secret)
         .await
         .map_err(|e| on.err(e))?;
     Ok(())
+}
+
+/// The CA bundle ConfigMap: the CAs trusted now, for the cluster's clients.
+async fn write_ca_bundle(on: &Target<'_>) -> Result<()> {
+    let Some(pki) = &on.observed.pki else {
+        return Ok(());
+    };
+    apply(
+        &on.api::<ConfigMap>(),
+        &render::ca_bundle_configmap(on.inputs, &pki.trust_bundle()),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| on.err(e))
+}
+
+/// The certificate of the existing TLS Secret `name` when only its trust
+/// bundle changes (a CA rotation): rendered from these inputs, issued by the
+/// current CA and not due for renewal. A CA recovered without its key
+/// could not issue another one.
+async fn kept_leaf(
+    on: &Target<'_>,
+    name: &str,
+    kind: ObjectKind,
+    pki: &crate::access::Pki,
+) -> Result<Option<crate::pki::IssuedCert>> {
+    let Some(existing) = on
+        .api::<Secret>()
+        .get_opt(name)
+        .await
+        .map_err(|e| on.err(e))?
+    else {
+        return Ok(None);
+    };
+    let hash = on.inputs.identity_hash(&format!("{kind:?}"));
+    let (cert, key) = (
+        secret_str(&existing, "tls.crt"),
+        secret_str(&existing, "tls.key"),
+    );
+    let renew_before = on.ctx.settings.cert_renew_before;
+    Ok(match (cert, key) {
+        (Some(cert_pem), Some(key_pem))
+            if render::carried_hash(&existing.metadata) == Some(hash.as_str())
+                && issued_by(&cert_pem, pki.ca.cert_pem())
+                && remaining_validity(&cert_pem).is_ok_and(|left| left > renew_before) =>
+        {
+            Some(crate::pki::IssuedCert { cert_pem, key_pem })
+        }
+        _ => None,
+    })
 }
 
 /// The members ConfigMap, lost after bootstrap: members start with existing

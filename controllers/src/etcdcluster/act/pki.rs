@@ -67,6 +67,23 @@ pub(super) async fn create_pki_with(
         "etcdfleet-controller",
         CERT_VALIDITY_DAYS,
     ))?;
+    let data = [
+        (PKI_CA_CERT, ca.cert_pem()),
+        (PKI_CA_KEY, ca.key_pem()),
+        (PKI_CLIENT_CERT, client.cert_pem.as_str()),
+        (PKI_CLIENT_KEY, client.key_pem.as_str()),
+    ];
+    create_pki_secret(cluster, ctx, names, &data).await
+}
+
+/// Creates the management-side PKI Secret with `data`, owned by the
+/// EtcdCluster. An existing Secret is kept.
+pub(super) async fn create_pki_secret(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    names: &Names,
+    data: &[(&str, &str)],
+) -> Result<()> {
     let owner = OwnerReference {
         api_version: EtcdCluster::api_version(&()).into_owned(),
         kind: "EtcdCluster".into(),
@@ -87,24 +104,11 @@ pub(super) async fn create_pki_with(
             ..Default::default()
         },
         type_: Some("Opaque".into()),
-        data: Some(BTreeMap::from([
-            (
-                PKI_CA_CERT.to_string(),
-                ByteString(ca.cert_pem().as_bytes().to_vec()),
-            ),
-            (
-                PKI_CA_KEY.to_string(),
-                ByteString(ca.key_pem().as_bytes().to_vec()),
-            ),
-            (
-                PKI_CLIENT_CERT.to_string(),
-                ByteString(client.cert_pem.as_bytes().to_vec()),
-            ),
-            (
-                PKI_CLIENT_KEY.to_string(),
-                ByteString(client.key_pem.as_bytes().to_vec()),
-            ),
-        ])),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
         ..Default::default()
     };
     let api: Api<Secret> = Api::namespaced(

@@ -10,9 +10,11 @@
 //! - [`version`]: what the version rules read (the accepted change of minor,
 //!   the backup destination and its snapshot, the v2 store in the pods);
 //! - [`adopt`]: a running etcd being taken over ([`adopt::AdoptionReading`]);
+//! - [`ca_rotation`]: a rotation of the CA asked for or under way;
 //! - and what the stored status remembers (failure grace, the last step).
 
 pub mod adopt;
+pub mod ca_rotation;
 pub mod etcd;
 pub mod objects;
 pub mod pki;
@@ -156,6 +158,7 @@ pub async fn observe(
         // Filled by the pipeline's restore gate when the cluster restores.
         restore: Default::default(),
         adoption: None,
+        ca_rotation: ca_rotation::read(cluster, pki.pki.as_ref(), ctx.settings.ca_rotate_before),
     };
     let planner = with_adoption(planner, adoption.as_mut(), &w, ctx).await;
     Ok(Observed {

@@ -13,7 +13,7 @@ use super::super::context::{Error, Result};
 use super::super::plan::{ForeignObject, ObjectKind};
 use super::super::resolve::Resolved;
 use super::pki::PkiReading;
-use crate::access::secret_str;
+use crate::access::{Pki, secret_str};
 use crate::connector::WorkloadCluster;
 use crate::render::{self, Names, RenderInputs};
 
@@ -89,6 +89,7 @@ pub async fn read_static(w: &Workload<'_>, pki: &PkiReading) -> Result<StaticObj
     }
     if inputs.tls {
         read_tls_secrets(w, pki, &mut found).await?;
+        read_ca_bundle(w, pki, &mut found).await?;
     }
     let services: Api<Service> = w.api();
     for (kind, name) in [
@@ -139,9 +140,7 @@ async fn read_tls_secrets(
             Some(s) => {
                 found.tls_secret_ca_present |= secret_str(&s, "ca.crt").is_some();
                 hash_matches(&s.metadata, &inputs.identity_hash(&format!("{kind:?}")))
-                    && pki.pki.as_ref().is_some_and(|p| {
-                        secret_str(&s, "ca.crt").as_deref() == Some(p.ca.cert_pem())
-                    })
+                    && pki.pki.as_ref().is_some_and(|p| issued_here(&s, p))
                     && pki.fresh_cert(secret_str(&s, "tls.crt").as_deref())
             }
             None => false,
@@ -149,6 +148,42 @@ async fn read_tls_secrets(
         if !fresh {
             found.stale.push(kind);
         }
+    }
+    Ok(())
+}
+
+/// A TLS Secret carries the CAs members trust now (the bundle, during a
+/// rotation) and a certificate the current CA issued.
+fn issued_here(secret: &Secret, pki: &Pki) -> bool {
+    secret_str(secret, "ca.crt").as_deref() == Some(pki.trust_bundle().as_str())
+        && secret_str(secret, "tls.crt")
+            .is_some_and(|cert| crate::pki::issued_by(&cert, pki.ca.cert_pem()))
+}
+
+/// The CA bundle ConfigMap, once a rotation was asked for: owned and
+/// holding the CAs trusted now.
+async fn read_ca_bundle(
+    w: &Workload<'_>,
+    pki: &PkiReading,
+    found: &mut StaticObjects,
+) -> Result<()> {
+    let Some(p) = pki.pki.as_ref().filter(|_| w.inputs.publish_ca_bundle) else {
+        return Ok(());
+    };
+    let api: Api<ConfigMap> = w.api();
+    let fresh = match api
+        .get_opt(&w.names.ca_bundle_configmap())
+        .await
+        .map_err(w.err())?
+    {
+        Some(cm) if !w.owned(&cm, &mut found.conflicts) => true,
+        Some(cm) => {
+            cm.data.as_ref().and_then(|d| d.get(render::CA_BUNDLE_KEY)) == Some(&p.trust_bundle())
+        }
+        None => false,
+    };
+    if !fresh {
+        found.stale.push(ObjectKind::CaBundleConfigMap);
     }
     Ok(())
 }

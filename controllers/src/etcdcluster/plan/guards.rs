@@ -113,7 +113,9 @@ fn refusal(obs: &Observation) -> Option<Refusal> {
             message: format!(
                 "the CA Secret {} is gone from the management cluster, but the members still use \
                  certificates of the old CA; a new CA would lock every member out. Restore the \
-                 Secret (from a backup of the management cluster); nothing is re-keyed",
+                 Secret (from a backup of the management cluster), or annotate the EtcdCluster \
+                 with etcdfleet.dev/recover-ca=<request-id> to rotate to a new CA from the \
+                 members' current trust; nothing is re-keyed until then",
                 obs.names.pki_secret()
             ),
         });

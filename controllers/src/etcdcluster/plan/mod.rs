@@ -15,10 +15,12 @@
 //! it), [`quorum`]; the rules themselves in [`guards`], [`bootstrap`],
 //! [`repair`], [`scale`], [`roll`], [`maintenance`] and [`version`] (the
 //! preflight of a change of minor version and etcd's online downgrade),
-//! and the takeover of a running etcd in [`adopt`].
+//! the takeover of a running etcd in [`adopt`], and the rotation of the CA
+//! in [`ca_rotation`].
 
 pub mod adopt;
 pub mod bootstrap;
+pub mod ca_rotation;
 pub mod guards;
 pub mod maintenance;
 pub mod members;
@@ -35,9 +37,9 @@ pub use guards::{RETRY_BASE, RETRY_MAX, identity_mismatch, retry_delay};
 pub use maintenance::DEFRAG_MIN_FREE_BYTES;
 pub use members::Members;
 pub use observation::{
-    AdoptionObservation, EtcdObservation, FailedStep, ForeignObject, Observation, PodObservation,
-    ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR, RestoreGate, StatefulSetObservation,
-    TrustProbe, VersionObservation,
+    AdoptionObservation, CaRotationObservation, EtcdObservation, FailedStep, ForeignObject,
+    Observation, PodObservation, ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR, RestoreGate,
+    StatefulSetObservation, TrustProbe, VersionObservation,
 };
 pub use quorum::{CutOff, QUORUM_LOSS_HELP, QuorumView, quorum_view};
 pub use step::{ObjectKind, Plan, Refusal, RemovalCause, Step, VersionStep};
@@ -58,6 +60,9 @@ pub const RULES: &[(&str, Rule)] = &[
     // Refusals: acting would harm data or another owner (a workload object
     // owned elsewhere, lost PKI, a storage change the StatefulSet cannot
     // take, a version the members' reported version forbids).
+    // A lost CA Secret that a person asked to recover is rebuilt from the
+    // members' trust instead of refused.
+    ("CA rotation: recover a lost CA", O(ca_rotation::recover)),
     ("refusals", O(guards::refusals)),
     ("restore gate", O(guards::restore_gate)),
     // Adoption of a running etcd: refused while a preflight check fails,
@@ -69,6 +74,9 @@ pub const RULES: &[(&str, Rule)] = &[
     ("version change preflight", O(version::preflight)),
     ("failing step backs off", O(guards::failure_backoff)),
     ("online downgrade", O(version::downgrade)),
+    // A CA rotation cancelled before it reissued anything is undone at
+    // once, even in the middle of its roll.
+    ("CA rotation: cancel", O(ca_rotation::cancel)),
     ("adoption: the existing CA", O(adopt::import_ca)),
     // The workload objects exist and match their inputs: Services, PKI and
     // TLS Secrets (certificates are renewed here), ConfigMap, StatefulSet
@@ -100,6 +108,8 @@ pub const RULES: &[(&str, Rule)] = &[
     ("scale up", M(scale::scale_up)),
     // Version and configuration.
     ("roll members onto the template", M(roll::roll_members)),
+    // CA rotation: each phase once the cluster settled on the last one.
+    ("CA rotation", M(ca_rotation::advance)),
     // Maintenance.
     ("defragment", M(maintenance::defragment)),
     ("unhealthy member", M(maintenance::unhealthy_member)),

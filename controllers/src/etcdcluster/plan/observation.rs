@@ -107,6 +107,28 @@ pub struct Observation {
     /// A cluster taking over a running etcd (`spec.bootstrap.join`), until
     /// the takeover is complete (see [`AdoptionObservation`]).
     pub adoption: Option<AdoptionObservation>,
+    /// What a rotation of the CA decides from (see [`CaRotationObservation`]).
+    pub ca_rotation: CaRotationObservation,
+}
+
+/// What a rotation of the cluster's CA decides from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CaRotationObservation {
+    /// The rotation asked for now: the `etcdfleet.dev/rotate-ca`
+    /// annotation's value, else `expiry-…` when the CA expires within the
+    /// configured window; `None`: none.
+    pub requested: Option<String>,
+    /// The annotation says `cancel`.
+    pub cancel_asked: bool,
+    /// A recovery of a lost CA Secret asked for (`etcdfleet.dev/recover-ca`),
+    /// as its request id (`recover-<value>`).
+    pub recover_asked: Option<String>,
+    /// `status.caRotation`: the last (or current) rotation.
+    pub record: Option<etcdfleet_api::ca_rotation::CaRotationStatus>,
+    /// The PKI Secret holds a rotation's new CA beside the current one.
+    pub next_ca: bool,
+    /// The PKI Secret still holds the CA a rotation replaced.
+    pub previous_ca: bool,
 }
 
 /// What a cluster that takes over a running etcd knows besides etcd's own

@@ -10,6 +10,9 @@ pub enum ObjectKind {
     Namespace,
     ServerTlsSecret,
     PeerTlsSecret,
+    /// The CA bundle clients read (`<cluster>-etcd-ca-bundle`), published
+    /// once a CA rotation was asked for.
+    CaBundleConfigMap,
     PeerService,
     ClientService,
     PodDisruptionBudget,
@@ -112,6 +115,32 @@ pub enum Step {
     RetireMember {
         member_id: u64,
     },
+    /// CA rotation (see `etcdfleet_api::ca_rotation`): record the request
+    /// in status (`Preparing`).
+    StartCaRotation {
+        request_id: String,
+    },
+    /// Generate the new CA beside the old one in the PKI Secret; members
+    /// and the controller trust both from now on (`Trusting`).
+    GenerateNextCa,
+    /// The new CA becomes the cluster's CA (the old one stays trusted);
+    /// the controller's client identity is issued from it, the members'
+    /// certificates follow (`Reissuing`).
+    PromoteNextCa,
+    /// Drop the old CA from the bundles (`Completing`).
+    DropPreviousCa,
+    /// Every member trusts and presents the new CA only (`Completed`).
+    CompleteCaRotation,
+    /// Recover a lost PKI Secret from the members' current trust: the CA
+    /// their TLS Secrets hold (no key) stays trusted beside a new CA, the
+    /// server certificate serves as the controller's client identity
+    /// meanwhile, and the rotation goes on from `Trusting`.
+    RecoverCa {
+        request_id: String,
+    },
+    /// Cancel a rotation before anything was reissued: the new CA is
+    /// dropped, members return to the old CA alone (`Cancelled`).
+    CancelCaRotation,
 }
 
 impl Step {
@@ -134,6 +163,13 @@ impl Step {
             Step::Version(step) => step.kind(),
             Step::ImportCa => "ImportCa",
             Step::RetireMember { .. } => "RetireMember",
+            Step::StartCaRotation { .. } => "StartCaRotation",
+            Step::GenerateNextCa => "GenerateNextCa",
+            Step::PromoteNextCa => "PromoteNextCa",
+            Step::DropPreviousCa => "DropPreviousCa",
+            Step::CompleteCaRotation => "CompleteCaRotation",
+            Step::CancelCaRotation => "CancelCaRotation",
+            Step::RecoverCa { .. } => "RecoverCa",
         }
     }
 
@@ -158,7 +194,14 @@ impl Step {
             | Step::RecoverFromNoSpace
             | Step::Version(_)
             | Step::ImportCa
-            | Step::RetireMember { .. } => None,
+            | Step::RetireMember { .. }
+            | Step::StartCaRotation { .. }
+            | Step::GenerateNextCa
+            | Step::PromoteNextCa
+            | Step::DropPreviousCa
+            | Step::CompleteCaRotation
+            | Step::CancelCaRotation
+            | Step::RecoverCa { .. } => None,
         }
     }
 
@@ -246,6 +289,30 @@ impl fmt::Display for Step {
                 f,
                 "remove old member {member_id:x} of the adopted cluster from the membership \
                  (its pod and volume are left to their owner)"
+            ),
+            Step::StartCaRotation { request_id } => {
+                write!(f, "start CA rotation {request_id:?}")
+            }
+            Step::GenerateNextCa => write!(
+                f,
+                "CA rotation: generate the new CA; members and the controller trust old and new"
+            ),
+            Step::PromoteNextCa => write!(
+                f,
+                "CA rotation: reissue the certificates from the new CA (the old CA stays trusted)"
+            ),
+            Step::DropPreviousCa => write!(f, "CA rotation: drop the old CA from the bundles"),
+            Step::CompleteCaRotation => {
+                write!(f, "CA rotation completed: only the new CA is trusted")
+            }
+            Step::CancelCaRotation => write!(
+                f,
+                "CA rotation cancelled: drop the new CA, members trust the old CA alone"
+            ),
+            Step::RecoverCa { request_id } => write!(
+                f,
+                "recover the lost CA Secret ({request_id:?}) from the members' trust, \
+                 and rotate to a new CA"
             ),
         }
     }

@@ -104,6 +104,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
         restore: RestoreGate::NotNeeded,
         last_failure: None,
         adoption: None,
+        ca_rotation: Default::default(),
     }
 }
 

@@ -405,6 +405,7 @@ mod fixtures {
             last_failure: None,
             restore: RestoreGate::NotNeeded,
             adoption: None,
+            ca_rotation: Default::default(),
         }
     }
 
