@@ -51,7 +51,9 @@ pub fn with_also_served(
 ) -> CustomResourceDefinition {
     let storage = crd.spec.versions[0].clone();
     let kind = crd.spec.names.kind.clone();
-    for version in versions {
+    // A kind whose storage version is itself one of them (a kind new at
+    // that version) has no older version to serve.
+    for version in versions.iter().filter(|v| **v != storage.name) {
         let mut older = storage.clone();
         older.name = version.to_string();
         older.storage = false;

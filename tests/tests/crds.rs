@@ -70,6 +70,24 @@ fn crdgen_stream_holds_every_crd() {
     );
 }
 
+/// kube-apiserver refuses a CRD that names a version twice (a kind new at
+/// the version the older kinds are still also served at must not list it
+/// again). Each kind names each version once, exactly one of them stored.
+#[test]
+fn every_crd_names_each_version_once_with_one_storage_version() {
+    for file in crd::render_files().unwrap() {
+        let crd: Value = serde_yaml::from_str(&file.content).unwrap();
+        let Some(versions) = crd["spec"]["versions"].as_array() else {
+            continue;
+        };
+        let names: Vec<&str> = versions.iter().filter_map(|v| v["name"].as_str()).collect();
+        let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(unique.len(), names.len(), "{}: {names:?}", file.file_name);
+        let stored = versions.iter().filter(|v| v["storage"] == true).count();
+        assert_eq!(stored, 1, "{}: {names:?}", file.file_name);
+    }
+}
+
 fn crd_json(name: &str) -> Value {
     let file = crd::render_files()
         .unwrap()
