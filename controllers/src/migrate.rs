@@ -111,11 +111,16 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Stri
     Client::try_from(config).map_err(|e| e.to_string())
 }
 
-/// Migrates every etcdfleet CRD (see the module docs), in the order of
-/// [`crate::crd::crds`].
+/// Migrates every etcdfleet CRD served at more than one version (see the
+/// module docs), in the order of [`crate::crd::crds`]. A kind with one
+/// version (EtcdFleetRollout, new at v1alpha1) has nothing stored at
+/// another, and the migrator's RBAC names only the kinds it migrates.
 pub async fn migrate_storage(client: &Client) -> Result<Vec<CrdMigration>, MigrateError> {
     let mut report = Vec::new();
-    for crd in crate::crd::crds() {
+    for crd in crate::crd::crds()
+        .into_iter()
+        .filter(|c| c.spec.versions.len() > 1)
+    {
         let name = crd.metadata.name.clone().unwrap_or_default();
         report.push(migrate_crd(client, &name).await?);
     }

@@ -497,7 +497,9 @@ async fn run_rollouts(
         }
         Some(())
     };
-    if shutdown.race(ready).await.flatten().is_none() {
+    // Both may be ready at once: a shutdown asked for while the caches
+    // filled starts no controller that must then be drained.
+    if shutdown.race(ready).await.flatten().is_none() || shutdown.is_requested() {
         return;
     }
     info!("rollout controller running over the EtcdCluster caches");

@@ -318,7 +318,11 @@ fn readyz_turns_ready_only_after_the_first_list_succeeds() {
     let (config, _) = world.controller_kubeconfig();
     // The API answers 503 to the controller until the test lifts the outage.
     world.api.set_unavailable(CONTROLLER_USER, true);
-    let mut p = ControllerProcess::start("readiness", &config, &[]);
+    // The world's cluster lives in a workload API that never answers: a
+    // reconcile of it may be in flight when the test stops the process, and
+    // the drain waits for it up to the grace period (its own test is
+    // sigterm_bounds_the_drain_of_a_stuck_reconcile_by_the_grace_period).
+    let mut p = ControllerProcess::start("readiness", &config, &["--shutdown-grace-seconds", "2"]);
     p.wait_for_log(
         "cannot reach the management API server",
         Duration::from_secs(20),
