@@ -40,6 +40,21 @@ pub struct RollReport {
 }
 
 impl RollReport {
+    /// One line for the suite log: `<what> <from> -> <to>`, the time, the
+    /// steps, the restarts and the writes.
+    pub fn summary(&self, what: &str, from: &str, to: &str) -> String {
+        format!(
+            "{what} {from} -> {to}: {:.1} s, {} steps, members restarted {:?}, {} writes \
+             acknowledged, 0 lost, {} failed during restarts, min ready members {}",
+            self.took.as_secs_f64(),
+            self.log.steps.len(),
+            self.restarted(),
+            self.acknowledged,
+            self.failed,
+            self.min_ready
+        )
+    }
+
     /// Ordinals of `RestartMember` steps, in order.
     pub fn restarted(&self) -> Vec<u32> {
         self.log

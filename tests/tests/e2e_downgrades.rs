@@ -49,18 +49,7 @@ async fn downgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
         Duration::from_secs(240),
     )
     .await?;
-    eprintln!(
-        "downgrade {} -> {}: {:.1} s, {} steps, members restarted {:?}, {} writes acknowledged, \
-         0 lost, {} failed during restarts, min ready members {}",
-        new.release,
-        old.release,
-        roll.took.as_secs_f64(),
-        roll.log.steps.len(),
-        roll.restarted(),
-        roll.acknowledged,
-        roll.failed,
-        roll.min_ready
-    );
+    eprintln!("{}", roll.summary("downgrade", &new.release, &old.release));
     let steps: Vec<&Step> = roll.log.steps.iter().map(|(_, s)| s).collect();
     let enabled = position(&steps, |s| {
         matches!(s, Step::Version(VersionStep::EnableDowngrade { .. }))

@@ -54,18 +54,7 @@ async fn upgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
         Duration::from_secs(240),
     )
     .await?;
-    eprintln!(
-        "upgrade {} -> {}: {:.1} s, {} steps, members restarted {:?}, {} writes acknowledged, \
-         0 lost, {} failed during restarts, min ready members {}",
-        old.release,
-        new.release,
-        roll.took.as_secs_f64(),
-        roll.log.steps.len(),
-        roll.restarted(),
-        roll.acknowledged,
-        roll.failed,
-        roll.min_ready
-    );
+    eprintln!("{}", roll.summary("upgrade", &old.release, &new.release));
     let mut restarted = roll.restarted();
     restarted.sort_unstable();
     assert_eq!(
