@@ -83,21 +83,9 @@ spec: {{clusterName: shop, destination: {{path: {backups}}}}}
 fn meaning(world: &KubeWorld, version: &str) -> Result<BTreeMap<String, Value>> {
     let mut out = BTreeMap::new();
     for kind in KINDS {
-        let list: Value = serde_json::from_str(&world.kubectl(&[
-            "get",
-            &format!("{kind}.{version}.etcdfleet.dev"),
-            "-A",
-            "-o",
-            "json",
-        ])?)?;
-        for item in list["items"].as_array().context("items")? {
+        for (key, item) in world.list_all(kind, &format!("{kind}.{version}.etcdfleet.dev"))? {
             let m = &item["metadata"];
             ensure!(item["apiVersion"] == format!("etcdfleet.dev/{version}"));
-            let key = format!(
-                "{kind}/{}/{}",
-                m["namespace"].as_str().unwrap_or(""),
-                m["name"].as_str().unwrap_or("")
-            );
             let mut annotations = m["annotations"].clone();
             // kubectl's own bookkeeping, not the object's meaning.
             if let Some(a) = annotations.as_object_mut() {

@@ -69,21 +69,10 @@ const REQUEUE_SECONDS: u64 = 2;
 fn objects(world: &KubeWorld) -> Result<BTreeMap<String, Value>> {
     let mut out = BTreeMap::new();
     for kind in KINDS {
-        let list: Value = serde_json::from_str(&world.kubectl(&[
-            "get",
-            &format!("{kind}.etcdfleet.dev"),
-            "-A",
-            "-o",
-            "json",
-        ])?)?;
-        for item in list["items"].as_array().context("items")? {
+        for (key, item) in world.list_all(kind, &format!("{kind}.etcdfleet.dev"))? {
             let m = &item["metadata"];
             out.insert(
-                format!(
-                    "{kind}/{}/{}",
-                    m["namespace"].as_str().unwrap_or(""),
-                    m["name"].as_str().unwrap_or("")
-                ),
+                key,
                 serde_json::json!([m["uid"], m["generation"], item["spec"]]),
             );
         }

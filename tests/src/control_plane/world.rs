@@ -176,6 +176,33 @@ impl KubeWorld {
         run_kubectl(self.management.kubectl(&self.binaries), args)
     }
 
+    /// Every object of `resource` (e.g. `etcdclusters.v1beta1.etcdfleet.dev`)
+    /// in every namespace, keyed `<kind>/<namespace>/<name>`, as
+    /// `kubectl get -A -o json` lists them.
+    pub fn list_all(
+        &self,
+        kind: &str,
+        resource: &str,
+    ) -> Result<BTreeMap<String, serde_json::Value>> {
+        let list: serde_json::Value =
+            serde_json::from_str(&self.kubectl(&["get", resource, "-A", "-o", "json"])?)?;
+        let items = list["items"]
+            .as_array()
+            .context("kubectl listed no items")?;
+        Ok(items
+            .iter()
+            .map(|item| {
+                let m = &item["metadata"];
+                let key = format!(
+                    "{kind}/{}/{}",
+                    m["namespace"].as_str().unwrap_or(""),
+                    m["name"].as_str().unwrap_or("")
+                );
+                (key, item.clone())
+            })
+            .collect())
+    }
+
     /// `kubectl <args>` as the admin of workload cluster `name`.
     pub fn kubectl_workload(&self, name: &str, args: &[&str]) -> Result<String> {
         run_kubectl(self.workload(name).plane.kubectl(&self.binaries), args)
