@@ -28,8 +28,9 @@ previous-release:
 # Kubernetes processes never outlive it. The crates have no doc tests.
 # The image and the previous release are built first: the image test, the
 # seeder of every restore and the upgrade test use them.
+# On failure hack/disk-hint.sh says so when the disk is (nearly) full.
 test: structure tools rust-tools image previous-release
-	cargo nextest run --workspace --all-targets --no-fail-fast
+	cargo nextest run --workspace --all-targets --no-fail-fast || { status=$$?; ./hack/disk-hint.sh; exit $$status; }
 
 # The lifecycle and version suites with the controller reaching etcd only
 # through pods/portforward tunnels (the production default dialer).
