@@ -49,7 +49,8 @@ pub fn held_delay(base: Duration, attempt: u32, cap: Duration) -> Duration {
 
 /// While an operation is in flight, look again soon: 100 ms after a step
 /// (its effect is usually visible within that), then growing by half while the
-/// planner waits, up to `requeue_progress`. `None` once the cluster is
+/// planner waits, at most 500 ms apart for about 9 s and then up to
+/// `requeue_progress` ([`in_flight_delay`]). `None` once the cluster is
 /// converged, paused, blocked or gone (the slow poll applies).
 pub fn in_flight_requeue(
     outcome: &Outcome,
@@ -70,12 +71,25 @@ pub fn in_flight_requeue(
     Some(in_flight_delay(attempt, ctx.settings.requeue_progress))
 }
 
-/// 100 ms × 1.5^attempt, at most `cap`: growing slowly enough that a
-/// member becoming healthy is seen within half the time waited so far.
+/// Waits of an operation in flight polled at most [`FAST_WAIT_POLL`] apart
+/// (after the first few growing ones): a restarted member answering again,
+/// a learner catching up and etcd's storage-version migration after
+/// `downgrade enable` (its monitor runs every 4 s) all end within this
+/// many polls, about 9 s. Growing freely instead, a 5 s wait was seen up
+/// to 1.7 s late, a third of a three-member roll (`make bench`).
+const FAST_WAITS: u32 = 20;
+const FAST_WAIT_POLL: Duration = Duration::from_millis(500);
+
+/// 100 ms × 1.5^attempt, at most [`FAST_WAIT_POLL`] for the first
+/// [`FAST_WAITS`] attempts and at most `cap` after them.
 pub fn in_flight_delay(attempt: u32, cap: Duration) -> Duration {
-    Duration::from_millis(100)
-        .mul_f64(1.5f64.powi(attempt.min(32) as i32))
-        .min(cap)
+    let grown = Duration::from_millis(100).mul_f64(1.5f64.powi(attempt.min(32) as i32));
+    let bound = if attempt < FAST_WAITS {
+        FAST_WAIT_POLL.min(cap)
+    } else {
+        cap
+    };
+    grown.min(bound)
 }
 
 /// Requeue policy: soon while something is in flight, slowly (with jitter) when converged.
@@ -158,16 +172,20 @@ mod tests {
     }
 
     #[test]
-    fn in_flight_requeues_start_at_100ms_and_grow_by_half_up_to_the_progress_poll() {
+    fn in_flight_requeues_grow_by_half_to_500ms_then_to_the_progress_poll_after_20_waits() {
         let cap = Duration::from_secs(2);
-        let delays: Vec<u64> = (0..10)
+        let delays: Vec<u64> = (0..23)
             .map(|n| in_flight_delay(n, cap).as_millis() as u64)
             .collect();
-        assert_eq!(
-            delays,
-            vec![100, 150, 225, 337, 506, 759, 1139, 1708, 2000, 2000]
-        );
+        assert_eq!(delays[..6], [100, 150, 225, 337, 500, 500]);
+        assert!(delays[4..20].iter().all(|&d| d == 500), "{delays:?}");
+        assert_eq!(delays[20..], [2000, 2000, 2000]);
+        let fast: u64 = delays[..20].iter().sum();
+        assert_eq!(fast, 8812, "the fast polls cover about 9 s of waiting");
         assert_eq!(in_flight_delay(u32::MAX, cap), cap);
+        // A progress poll under 500 ms bounds the fast polls too.
+        let short = Duration::from_millis(300);
+        assert_eq!(in_flight_delay(5, short), short);
     }
 
     #[test]
