@@ -13,10 +13,13 @@
 //! release). A writer runs through every version path, both ways; each
 //! acknowledged write is read back afterwards.
 //!
-//! `cargo bench -p etcdfleet-tests --bench operations`. Prints, per path,
-//! `<path> controller_s=<s> floor_s=<s> ratio=<r> acknowledged=<n> lost=0`
-//! (a lost write fails the bench, naming it). `ETCDFLEET_BENCH_ONLY=<path>`
-//! runs one path (`scale_out` for the scale-out).
+//! `cargo bench -p etcdfleet-tests --bench operations`. Each path runs
+//! `ETCDFLEET_BENCH_RUNS` times (default 3), the controller then the floor
+//! in each run. Prints, per path, `<path> controller_s=<median>
+//! floor_s=<median> ratio=<r> runs=<n> controller_range=<min>-<max>
+//! floor_range=<min>-<max> acknowledged=<n> lost=0` (a lost write fails the
+//! bench, naming it). `ETCDFLEET_BENCH_ONLY=<path>` runs one path
+//! (`scale_out` for the scale-out).
 
 use std::time::{Duration, Instant};
 
@@ -246,24 +249,85 @@ async fn main() -> Result<()> {
     }
     let only = std::env::var("ETCDFLEET_BENCH_ONLY").ok();
     let wanted = |what: &str| only.as_deref().is_none_or(|o| o == what);
+    let runs = runs()?;
     for path in PATHS.iter().filter(|p| wanted(p.name)) {
         let (Some(from), Some(to)) = (require_etcd(path.from), require_etcd(path.to)) else {
             continue;
         };
-        let controller = controller_path(path, &from, &to).await?;
-        let floor = floor_path(path, &from, &to).await?;
+        let mut sides = Sides::default();
+        for _ in 0..runs {
+            // Side by side in each run: the controller, then the floor.
+            let controller = controller_path(path, &from, &to).await?;
+            let floor = floor_path(path, &from, &to).await?;
+            sides.push(controller.took, floor.took);
+            sides.acknowledged += controller.acknowledged + floor.acknowledged;
+        }
         println!(
-            "{} ({} -> {}) acknowledged={}/{} lost=0",
-            line(path.name, controller.took, floor.took),
+            "{} ({} -> {}) acknowledged={} lost=0",
+            sides.line(path.name),
             from.release,
             to.release,
-            controller.acknowledged,
-            floor.acknowledged
+            sides.acknowledged,
         );
     }
     if wanted("scale_out") {
-        let scale_out = (controller_scale_out().await?, floor_scale_out().await?);
-        println!("{}", line("scale_out", scale_out.0, scale_out.1));
+        let mut sides = Sides::default();
+        for _ in 0..runs {
+            sides.push(controller_scale_out().await?, floor_scale_out().await?);
+        }
+        println!("{}", sides.line("scale_out"));
     }
     Ok(())
+}
+
+/// `ETCDFLEET_BENCH_RUNS`: how many times each path is measured, both
+/// sides each time (default 3). etcd's own restarts and elections vary by
+/// seconds from one run to the next, so a single run's ratio says little.
+fn runs() -> Result<usize> {
+    match std::env::var("ETCDFLEET_BENCH_RUNS") {
+        Err(_) => Ok(3),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => bail!("ETCDFLEET_BENCH_RUNS={v:?}: expected a positive count"),
+        },
+    }
+}
+
+/// The runs of one path: the controller's and the floor's times.
+#[derive(Default)]
+struct Sides {
+    controller: Vec<Duration>,
+    floor: Vec<Duration>,
+    acknowledged: usize,
+}
+
+impl Sides {
+    fn push(&mut self, controller: Duration, floor: Duration) {
+        self.controller.push(controller);
+        self.floor.push(floor);
+    }
+
+    /// `<what> controller_s=<median> floor_s=<median> ratio=<of the medians>
+    /// runs=<n> controller_range=<min>-<max> floor_range=<min>-<max>`.
+    fn line(&self, what: &str) -> String {
+        let range = |v: &[Duration]| {
+            let secs = v.iter().map(Duration::as_secs_f64);
+            let min = secs.clone().fold(f64::INFINITY, f64::min);
+            let max = secs.fold(0.0, f64::max);
+            format!("{min:.2}-{max:.2}")
+        };
+        format!(
+            "{} runs={} controller_range={} floor_range={}",
+            line(what, median(&self.controller), median(&self.floor)),
+            self.controller.len(),
+            range(&self.controller),
+            range(&self.floor)
+        )
+    }
+}
+
+fn median(v: &[Duration]) -> Duration {
+    let mut sorted = v.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
 }
