@@ -225,6 +225,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Nothing is under way and the cluster is next looked at on the slow
+    /// poll: converged, paused, blocked on its input, or gone.
+    pub fn is_at_rest(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Converged | Outcome::Paused(_) | Outcome::Blocked(_) | Outcome::Deleted
+        )
+    }
+
     /// Short label of the outcome (trace attribute).
     pub fn label(&self) -> &'static str {
         match self {

@@ -95,6 +95,12 @@ pub async fn reconcile_cluster(cluster: &EtcdCluster, ctx: &Context) -> Result<O
         span.record("trace_id", id);
     }
     let result = Box::pin(reconcile_pipeline(cluster, ctx, &key).instrument(span.clone())).await;
+    if result.as_ref().is_ok_and(Outcome::is_at_rest) {
+        // Until its next slow poll a cluster at rest holds no etcd
+        // connection (nor the port-forward tunnel under it): a replica's
+        // memory grows with the clusters in flight, not with the fleet.
+        ctx.etcd_clients.evict(&key);
+    }
     match &result {
         Ok(outcome) => span.record("outcome", outcome.label()),
         Err(e) => span

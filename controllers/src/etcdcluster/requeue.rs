@@ -189,6 +189,30 @@ mod tests {
     }
 
     #[test]
+    fn the_outcomes_polled_slowly_are_the_ones_at_rest() {
+        let settings = ReconcilerSettings::default();
+        let mut cluster = EtcdCluster::new("c", Default::default());
+        cluster.metadata.namespace = Some("ns".into());
+        let outcomes = [
+            Outcome::Converged,
+            Outcome::Paused(None),
+            Outcome::Blocked("bad spec".into()),
+            Outcome::Deleted,
+            Outcome::Waiting("x".into()),
+            Outcome::Held("quorum lost".into()),
+            Outcome::Acted(Step::AddLearner { ordinal: 1 }),
+        ];
+        let at_rest: Vec<bool> = outcomes.iter().map(Outcome::is_at_rest).collect();
+        assert_eq!(at_rest, [true, true, true, true, false, false, false]);
+        // At rest, and not deleted: looked at again on the slow poll.
+        for outcome in &outcomes[..3] {
+            let action = requeue_for(outcome, &settings, &cluster);
+            let slow = Action::requeue(jitter(settings.requeue_converged, "c"));
+            assert_eq!(action, slow, "{outcome:?}");
+        }
+    }
+
+    #[test]
     fn jitter_spreads_polls_within_twenty_percent_and_is_stable() {
         let base = Duration::from_secs(60);
         let mut seen = std::collections::BTreeSet::new();
