@@ -21,7 +21,9 @@
 //! 3. Steady state: over a window, the API calls B makes (recognised by its
 //!    bearer tokens, so the runtimes' calls do not count) divided by its
 //!    converged reconciles give `reads_per_converged` and
-//!    `writes_per_converged`.
+//!    `writes_per_converged`, and B's CPU time over the window divided the
+//!    same way `cpu_ms_per_converged` (a converged cluster reconnects to
+//!    etcd at each poll: this is what that costs).
 //! 4. Secrets: 200 unrelated Secrets of 500 KB each are added to the watched
 //!    namespace; the controller's peak RSS before and after shows whether it
 //!    holds them (it must only ever GET Secrets by name).
@@ -118,6 +120,18 @@ fn peak_rss_mib(pid: i32) -> Result<f64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .context("no VmHWM")?;
     Ok(kib / 1024.0)
+}
+
+/// CPU time (user + system) a process has used so far, in milliseconds.
+fn cpu_ms(pid: i32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command (which may hold spaces) end with ')'.
+    let rest = stat.rsplit_once(')').context("no ')' in stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime: the 14th and 15th fields, 12th and 13th after ')'.
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks * 1000.0 / per_second)
 }
 
 /// The bearer token in a kubeconfig written by the test API.
@@ -261,8 +275,10 @@ async fn bench() -> Result<()> {
             .filter_map(|w| token_of(&fleet.kubeconfig(w))),
     );
     let before = converged_reconciles(&second).unwrap_or(0);
+    let cpu_before = cpu_ms(second.pid())?;
     fleet.clear_ops();
     tokio::time::sleep(WINDOW).await;
+    let cpu_window = cpu_ms(second.pid())? - cpu_before;
     let ops: Vec<_> = fleet
         .ops()
         .into_iter()
@@ -280,7 +296,7 @@ async fn bench() -> Result<()> {
     }
     let per = |x: usize| x as f64 / converged as f64;
     eprintln!(
-        "fleet: window {:?}: {converged} converged reconciles, {reads} reads ({management_reads} management), {writes} writes",
+        "fleet: window {:?}: {converged} converged reconciles, {reads} reads ({management_reads} management), {writes} writes, {cpu_window:.0} ms of controller CPU",
         WINDOW
     );
     for op in ops.iter().filter(|o| o.is_write()).take(5) {
@@ -332,7 +348,7 @@ async fn bench() -> Result<()> {
         println!("{r}");
     }
     println!(
-        "{} clusters={n} resync_s={:.2} rss_mib={rss_rollout:.1} create_rss_mib={rss_create:.1} reads_per_converged={:.2} writes_per_converged={:.2}{}",
+        "{} clusters={n} resync_s={:.2} rss_mib={rss_rollout:.1} create_rss_mib={rss_create:.1} reads_per_converged={:.2} writes_per_converged={:.2} cpu_ms_per_converged={:.2}{}",
         if real {
             format!("fleet_real members={members}")
         } else {
@@ -341,6 +357,7 @@ async fn bench() -> Result<()> {
         resync.as_secs_f64(),
         per(reads),
         per(writes),
+        cpu_window / converged as f64,
         rollout
             .as_ref()
             .map_or_else(String::new, RolloutCost::summary)
