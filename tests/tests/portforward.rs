@@ -276,7 +276,7 @@ async fn a_converged_cluster_holds_no_connection_between_polls_and_one_per_membe
     // that poll's calls, and lets go of them when it ends.
     let ctl = tunnel_controller(&fleet, &pf);
     let before = pf.tunnels_opened();
-    const POLLS: usize = 4;
+    const POLLS: u64 = 4;
     for poll in 1..=POLLS {
         assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
         assert!(
@@ -289,6 +289,6 @@ async fn a_converged_cluster_holds_no_connection_between_polls_and_one_per_membe
             "poll {poll}: one tunnel per member"
         );
     }
-    assert_eq!(ctl.ctx.etcd_clients.clients_built(), POLLS as u64);
+    assert_eq!(ctl.ctx.etcd_clients.clients_built(), POLLS);
     Ok(())
 }
