@@ -203,18 +203,11 @@ impl ClusterView {
         since: Option<Timestamp>,
     ) -> Option<Edit> {
         let since = since.max(self.created);
-        self.fields(spec)
-            .into_iter()
-            .filter(|(_, matches, _, _)| !matches)
-            .find_map(|(field, _, value, owners)| {
-                let by: Vec<String> = owners
-                    .iter()
-                    .filter(|o| o.manager != ours && o.manager != etcdfleet_api::FIELD_MANAGER)
-                    .filter(|o| since.is_some_and(|s| o.time.is_some_and(|t| t > s)))
-                    .map(|o| o.manager.clone())
-                    .collect();
-                (!by.is_empty()).then_some(Edit { field, value, by })
-            })
+        self.first_edit(spec, |o| {
+            o.manager != ours
+                && o.manager != etcdfleet_api::FIELD_MANAGER
+                && since.is_some_and(|s| o.time.is_some_and(|t| t > s))
+        })
     }
 
     /// A field the rollout wrote at `written` that holds another value now,
@@ -227,13 +220,25 @@ impl ClusterView {
         ours: &str,
         written: Timestamp,
     ) -> Option<Edit> {
+        self.first_edit(spec, |o| {
+            o.manager != ours && o.time.is_some_and(|t| t >= written)
+        })
+    }
+
+    /// The first field of the change that differs from the target and has
+    /// owners passing `edited_by` (those owners, with the field's value).
+    fn first_edit(
+        &self,
+        spec: &EtcdFleetRolloutSpec,
+        edited_by: impl Fn(&FieldOwner) -> bool,
+    ) -> Option<Edit> {
         self.fields(spec)
             .into_iter()
             .filter(|(_, matches, _, _)| !matches)
             .find_map(|(field, _, value, owners)| {
                 let by: Vec<String> = owners
                     .iter()
-                    .filter(|o| o.manager != ours && o.time.is_some_and(|t| t >= written))
+                    .filter(|o| edited_by(o))
                     .map(|o| o.manager.clone())
                     .collect();
                 (!by.is_empty()).then_some(Edit { field, value, by })
