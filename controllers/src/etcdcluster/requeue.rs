@@ -48,17 +48,28 @@ pub fn held_delay(base: Duration, attempt: u32, cap: Duration) -> Duration {
 }
 
 /// While an operation is in flight, look again soon: 100 ms after a step
-/// (its effect is usually visible within that), then growing by half while the
-/// planner waits, at most 500 ms apart for about 9 s and then up to
-/// `requeue_progress` ([`in_flight_delay`]). `None` once the cluster is
-/// converged, paused, blocked or gone (the slow poll applies).
+/// (its effect is usually visible within that; [`SEEN_AT_ONCE_POLL`] after a
+/// step the next read shows at once), then every 100 ms for the first
+/// second of a wait, growing by half to 500 ms apart until about 10 s and
+/// then up to `requeue_progress` ([`in_flight_delay`]). `None` once the
+/// cluster is converged, paused, blocked or gone (the slow poll applies).
 pub fn in_flight_requeue(
     outcome: &Outcome,
     ctx: &Context,
     cluster: &EtcdCluster,
 ) -> Option<Duration> {
     let key = cluster_key(cluster);
-    let mut in_flight = ctx.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+    in_flight_poll(&ctx.in_flight, outcome, key, ctx.settings.requeue_progress)
+}
+
+/// [`in_flight_requeue`] on the count of waits in a row kept in `in_flight`.
+fn in_flight_poll(
+    in_flight: &std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    outcome: &Outcome,
+    key: String,
+    cap: Duration,
+) -> Option<Duration> {
+    let mut in_flight = in_flight.lock().unwrap_or_else(|p| p.into_inner());
     let attempt = match outcome {
         Outcome::Acted(_) => 0,
         Outcome::Waiting(_) => in_flight.get(&key).map_or(0, |n| n + 1),
@@ -68,28 +79,47 @@ pub fn in_flight_requeue(
         }
     };
     in_flight.insert(key, attempt);
-    Some(in_flight_delay(attempt, ctx.settings.requeue_progress))
+    Some(match outcome {
+        Outcome::Acted(step) if step.is_seen_at_once() => SEEN_AT_ONCE_POLL,
+        _ => in_flight_delay(attempt, cap),
+    })
 }
 
-/// Waits of an operation in flight polled at most [`FAST_WAIT_POLL`] apart
-/// (after the first few growing ones): a restarted member answering again,
-/// a learner catching up and etcd's storage-version migration after
-/// `downgrade enable` (its monitor runs every 4 s) all end within this
-/// many polls, about 9 s. Growing freely instead, a 5 s wait was seen up
-/// to 1.7 s late, a third of a three-member roll (`make bench`).
-const FAST_WAITS: u32 = 20;
+/// After a step whose whole effect is a write the next read shows (a PVC's
+/// annotations, the cluster's own annotation): the next step can be planned
+/// at once. Not zero, so a planner that kept planning the same write would
+/// still be bounded (20 reconciles a second).
+pub const SEEN_AT_ONCE_POLL: Duration = Duration::from_millis(50);
+
+/// The first waits of an operation in flight are polled [`FLAT_POLL`]
+/// apart: a restarted member answers again 0.1 to 1.2 s after its pod is
+/// deleted (etcd's own shutdown waits up to a second for its peer
+/// connections), and each poll after it is found up is time lost. Growing
+/// from the first wait, a restarted member was seen up to 0.4 s late, a
+/// tenth of a three-member roll (`make bench`).
+const FLAT_WAITS: u32 = 10;
+const FLAT_POLL: Duration = Duration::from_millis(100);
+
+/// Waits polled at most [`FAST_WAIT_POLL`] apart: a learner catching up and
+/// etcd's storage-version migration after `downgrade enable` (its monitor
+/// runs every 4 s) end within this many polls, about 10 s. Growing freely
+/// instead, a 5 s wait was seen up to 1.7 s late, a third of a three-member
+/// roll (`make bench`).
+const FAST_WAITS: u32 = 30;
 const FAST_WAIT_POLL: Duration = Duration::from_millis(500);
 
-/// 100 ms × 1.5^attempt, at most [`FAST_WAIT_POLL`] for the first
-/// [`FAST_WAITS`] attempts and at most `cap` after them.
+/// [`FLAT_POLL`] for the first [`FLAT_WAITS`] attempts, then growing by
+/// half from it, at most [`FAST_WAIT_POLL`] until [`FAST_WAITS`] attempts
+/// and at most `cap` after them.
 pub fn in_flight_delay(attempt: u32, cap: Duration) -> Duration {
-    let grown = Duration::from_millis(100).mul_f64(1.5f64.powi(attempt.min(32) as i32));
-    let bound = if attempt < FAST_WAITS {
-        FAST_WAIT_POLL.min(cap)
-    } else {
-        cap
+    let grown_for = attempt.saturating_sub(FLAT_WAITS - 1).min(32) as i32;
+    let grown = FLAT_POLL.mul_f64(1.5f64.powi(grown_for));
+    let bound = match attempt {
+        a if a < FLAT_WAITS => FLAT_POLL,
+        a if a < FAST_WAITS => FAST_WAIT_POLL,
+        _ => cap.max(FAST_WAIT_POLL),
     };
-    grown.min(bound)
+    grown.min(bound).min(cap)
 }
 
 /// Requeue policy: soon while something is in flight, slowly (with jitter) when converged.
@@ -172,20 +202,55 @@ mod tests {
     }
 
     #[test]
-    fn in_flight_requeues_grow_by_half_to_500ms_then_to_the_progress_poll_after_20_waits() {
+    fn in_flight_requeues_are_flat_for_a_second_then_grow_to_500ms_then_to_the_progress_poll() {
         let cap = Duration::from_secs(2);
-        let delays: Vec<u64> = (0..23)
+        let delays: Vec<u64> = (0..33)
             .map(|n| in_flight_delay(n, cap).as_millis() as u64)
             .collect();
-        assert_eq!(delays[..6], [100, 150, 225, 337, 500, 500]);
-        assert!(delays[4..20].iter().all(|&d| d == 500), "{delays:?}");
-        assert_eq!(delays[20..], [2000, 2000, 2000]);
-        let fast: u64 = delays[..20].iter().sum();
-        assert_eq!(fast, 8812, "the fast polls cover about 9 s of waiting");
+        assert!(delays[..10].iter().all(|&d| d == 100), "{delays:?}");
+        assert_eq!(delays[10..14], [150, 225, 337, 500]);
+        assert!(delays[13..30].iter().all(|&d| d == 500), "{delays:?}");
+        assert_eq!(delays[30..], [2000, 2000, 2000]);
+        let fast: u64 = delays[..30].iter().sum();
+        assert_eq!(fast, 10212, "the fast polls cover about 10 s of waiting");
         assert_eq!(in_flight_delay(u32::MAX, cap), cap);
-        // A progress poll under 500 ms bounds the fast polls too.
+        // A progress poll under 500 ms bounds every poll.
         let short = Duration::from_millis(300);
-        assert_eq!(in_flight_delay(5, short), short);
+        assert_eq!(in_flight_delay(12, short), short);
+        assert_eq!(in_flight_delay(40, short), short);
+        assert_eq!(
+            in_flight_delay(3, Duration::from_millis(50)),
+            Duration::from_millis(50)
+        );
+    }
+
+    #[test]
+    fn a_step_the_next_read_shows_is_followed_at_once_and_the_next_wait_starts_flat() {
+        let in_flight = std::sync::Mutex::default();
+        let cap = Duration::from_secs(2);
+        let poll = |outcome: &Outcome| in_flight_poll(&in_flight, outcome, "ns/c".into(), cap);
+        let waiting = Outcome::Waiting("member restarting".into());
+        for _ in 0..12 {
+            poll(&waiting);
+        }
+        let record = Outcome::Acted(Step::RecordPvcMember {
+            ordinal: 0,
+            member_id: 1,
+            version: None,
+        });
+        let restart = Outcome::Acted(Step::RestartMember {
+            ordinal: 0,
+            member_id: 1,
+        });
+        assert_eq!(poll(&record), Some(SEEN_AT_ONCE_POLL));
+        assert_eq!(
+            poll(&waiting),
+            Some(Duration::from_millis(100)),
+            "a wait after the step starts flat again"
+        );
+        assert_eq!(poll(&restart), Some(Duration::from_millis(100)));
+        assert_eq!(poll(&Outcome::Converged), None);
+        assert!(in_flight.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -205,6 +205,19 @@ impl Step {
         }
     }
 
+    /// Whether the step's whole effect is done when its call answers and
+    /// the next read shows it (a PVC's annotations, the cluster's own
+    /// annotation, leadership, which etcd moves before answering): nothing
+    /// else has to happen before the next step can be planned.
+    pub fn is_seen_at_once(&self) -> bool {
+        matches!(
+            self,
+            Step::RecordPvcMember { .. }
+                | Step::MoveLeader { .. }
+                | Step::Version(VersionStep::ForgetAcknowledgement { .. })
+        )
+    }
+
     /// Whether the step can lose data or availability if taken wrongly
     /// (never taken in bootstrap mode).
     pub fn is_destructive(&self) -> bool {
