@@ -85,11 +85,75 @@ pub(super) fn refresh_volume_records(m: &Members) -> Option<Plan> {
     .map(Plan::Act)
 }
 
+/// Rule: while a roll waits for a restarted member (or, the roll done, the
+/// last one is still coming back), the volume records of the members
+/// already on the new release are brought up to date; those writes fill
+/// the wait instead of following the roll.
+pub(super) fn records_while_a_roll_waits(m: &Members) -> Option<Plan> {
+    let waits = match super::roll::roll_members(m) {
+        Some(plan) => matches!(plan, Plan::Wait(_)),
+        None => unhealthy_member(m).is_some(),
+    };
+    waits.then(|| refresh_volume_records(m)).flatten()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{converged, member, with_members};
+    use super::super::tests::{converged, member, pod, with_members};
     use super::*;
     use crate::etcd::Alarm;
+
+    #[test]
+    fn a_roll_waiting_for_a_restarted_member_records_those_already_restarted() {
+        // Ordinal 1 was rolled and runs the template; its volume still
+        // names the old release. Ordinal 2 is coming back; ordinal 0 leads
+        // on the old template.
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        for o in [0, 2] {
+            obs.pods.insert(o, pod("etcd:v3.4.0"));
+        }
+        obs.pvcs.get_mut(&1).unwrap().etcd_version = Some("3.4.0".into());
+        let m = Members::of(&obs).unwrap();
+        assert!(matches!(
+            super::super::roll::roll_members(&m),
+            Some(Plan::Wait(_))
+        ));
+        let record = Some(Plan::Act(Step::RecordPvcMember {
+            ordinal: 1,
+            member_id: 101,
+            version: Some("3.5.1".into()),
+        }));
+        assert_eq!(records_while_a_roll_waits(&m), record);
+        assert_eq!(Some(super::super::plan_next_step(&obs)), record);
+        // The roll done, the last member still coming back: the same.
+        let mut done = obs.clone();
+        for o in [0, 2] {
+            done.pods.insert(o, obs.pods[&1].clone());
+        }
+        assert_eq!(
+            super::super::roll::roll_members(&Members::of(&done).unwrap()),
+            None
+        );
+        assert_eq!(
+            records_while_a_roll_waits(&Members::of(&done).unwrap()),
+            record
+        );
+        // Once ordinal 2 is back the roll goes on first; the record waits.
+        obs.etcd = converged(3, 3).etcd;
+        let m = Members::of(&obs).unwrap();
+        assert_eq!(records_while_a_roll_waits(&m), None);
+        assert!(matches!(
+            super::super::plan_next_step(&obs),
+            Plan::Act(Step::RestartMember { ordinal: 2, .. })
+        ));
+    }
 
     #[test]
     fn a_quiet_healthy_cluster_needs_no_maintenance() {

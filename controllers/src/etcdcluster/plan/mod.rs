@@ -106,7 +106,12 @@ pub const RULES: &[(&str, Rule)] = &[
     ("adoption: take over", M(adopt::take_over)),
     ("foreign members", M(scale::foreign_members)),
     ("scale up", M(scale::scale_up)),
-    // Version and configuration.
+    // Version and configuration. While the roll waits for a restarted
+    // member, the records of those already restarted are written.
+    (
+        "volume records while a roll waits",
+        M(maintenance::records_while_a_roll_waits),
+    ),
     ("roll members onto the template", M(roll::roll_members)),
     // CA rotation: each phase once the cluster settled on the last one.
     ("CA rotation", M(ca_rotation::advance)),
