@@ -12,15 +12,16 @@ use etcdfleet_controllers::connector::WorkloadCluster;
 use etcdfleet_controllers::dialer::{self, EtcdDialer, PortForwardDialer};
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, EtcdError};
 use etcdfleet_controllers::etcdcluster::Outcome;
+use etcdfleet_controllers::render::Names;
 use etcdfleet_tests::driver::{TestController, fast_settings};
 use etcdfleet_tests::etcd_harness::{ClusterOptions, EtcdVersion, LocalEtcdCluster, require_etcd};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::portforward::{FleetPortForward, PortForwardServer, serve};
 use etcdfleet_tests::scenario::{
-    NS, cluster, converge_all, create, etcd_of, get, put, read_everywhere,
+    NS, WORKLOAD_NS, cluster, converge_all, create, etcd_of, get, patch_spec, put, read_everywhere,
 };
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A port-forward server whose only pod, `ns/etcd-0`, is at 127.0.0.1.
@@ -290,5 +291,37 @@ async fn a_converged_cluster_holds_no_connection_between_polls_and_one_per_membe
         );
     }
     assert_eq!(ctl.ctx.etcd_clients.clients_built(), POLLS);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_whose_pod_is_going_is_reached_afresh_at_each_poll_while_the_others_are_kept()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, pf, ctl) = converged_through_tunnels(3).await?;
+    // Pod 2 being deleted while its etcd still runs: the moment between a
+    // delete and the kubelet's SIGTERM (no runtime sync runs in this test; a
+    // finalizer keeps the pod as a kubelet would until its process ended).
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let going = Names::new("etcd-a", WORKLOAD_NS).pod(2);
+    let hold = serde_json::json!({ "metadata": { "finalizers": ["test.etcdfleet.dev/hold"] } });
+    pods.patch(&going, &PatchParams::default(), &Patch::Merge(&hold))
+        .await?;
+    pods.delete(&going, &Default::default()).await?;
+    // An operation in flight: a patch release, whose roll waits for the pod.
+    patch_spec(&fleet, "etcd-a", serde_json::json!({ "version": "3.5.35" })).await?;
+    let mut opened = Vec::new();
+    for _ in 0..3 {
+        let before = pf.tunnels_opened();
+        let outcome = ctl.reconcile(NS, "etcd-a").await?;
+        assert!(!outcome.is_at_rest(), "in flight: {outcome:?}");
+        opened.push(pf.tunnels_opened() - before);
+    }
+    // Members 0 and 1 stay pooled between the polls of an operation in
+    // flight; member 2 is reached on a new tunnel at each poll and let go
+    // after it, so no connection of ours holds its shutdown back.
+    assert_eq!(opened, [3, 1, 1], "tunnels opened per poll");
     Ok(())
 }

@@ -183,7 +183,11 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
     let connected = next!(run.connect(&resolved).await?);
     let observed = next!(run.observe(&mut resolved, &connected).await?);
     let plan = next!(run.plan(&observed).await?);
-    let outcome = next!(run.act(plan, &connected, &resolved, &observed).await?);
+    let acted = run.act(plan, &connected, &resolved, &observed).await;
+    observed
+        .let_go_of_members_in_transition(resolved.inputs.tls)
+        .await;
+    let outcome = next!(acted?);
     run.report(outcome).await
 }
 

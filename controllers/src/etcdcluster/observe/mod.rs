@@ -66,6 +66,33 @@ pub struct Observed {
 }
 
 impl Observed {
+    /// Closes the pooled connections to the members whose pod is going or
+    /// not yet up (deleting, gone, not running or not ready). etcd's
+    /// graceful shutdown waits about a second for a connected client to
+    /// leave: a connection that a poll opened to a member whose pod was just
+    /// deleted (its process not yet signalled), if kept, would hold its
+    /// restart back by that much. Such members are reached on a fresh
+    /// connection at each poll until their pod is up.
+    pub async fn let_go_of_members_in_transition(&self, tls: bool) {
+        let Some(etcd) = &self.etcd else { return };
+        let replicas = crate::access::statefulset_replicas(self.statefulset.as_ref());
+        let pods = &self.planner.pods;
+        let ordinals: std::collections::BTreeSet<u32> =
+            pods.keys().copied().chain(0..replicas).collect();
+        for ordinal in ordinals {
+            let up = pods
+                .get(&ordinal)
+                .is_some_and(|p| p.running && p.ready && !p.deleting);
+            if up {
+                continue;
+            }
+            let url = self.names().client_url(ordinal, tls);
+            if let Err(e) = etcd.disconnect(&url).await {
+                tracing::debug!(error = %e, member = %url, "could not close the connection to a member in transition");
+            }
+        }
+    }
+
     pub fn names(&self) -> &Names {
         &self.planner.names
     }
