@@ -1,40 +1,50 @@
 //! How close the controller's operations come to etcd's own floor: every
 //! version path the policy allows (3.4 → 3.5, an old 3.5 patch → the
 //! newest, 3.5 → 3.6, 3.6 → 3.7, and the online downgrades 3.6 → 3.5 and
-//! 3.7 → 3.6) on 3 members, and a scale-out 3 → 5. Each is done once by the
-//! controller in the test world (its own requeue policy decides when it
-//! looks again; the runtime syncs every 100 ms like a kubelet) and once by
-//! this bench by hand with etcd's own calls on the same binaries (same
-//! restarts, same order: followers first, leader last after a leadership
-//! move; for a downgrade `validate`, `enable` and the wait for every
-//! member's storage version first; learners added, started and promoted one
-//! by one; mutual TLS on client and peer ports, the heartbeat and election
-//! timeouts of the pods and the flags the controller renders for each
-//! release). A writer runs through every version path, both ways; each
-//! acknowledged write is read back afterwards.
+//! 3.7 → 3.6) on 3 members, and a scale-out 3 → 5.
+//!
+//! Each version path is done twice in worlds alike: a cluster the
+//! controller created in the test world (its pods run by the runtime, which
+//! syncs every 100 ms like a kubelet, mutual TLS on client and peer ports),
+//! then changed once by the controller (its own requeue policy decides when
+//! it looks again) and once by hand on a fresh world of the same kind
+//! (`etcdfleet_tests::by_hand`: the StatefulSet edited, pods deleted in
+//! etcd's order, followers first and the leader last after a leadership
+//! move, etcd polled every 50 ms; for a downgrade `validate`, `enable` and
+//! the wait for every member's storage version first). A writer runs
+//! through every version path, both ways; each acknowledged write is read
+//! back afterwards. The scale-out's floor is learners added, started and
+//! promoted one by one on a local TLS cluster of the same binary and flags.
 //!
 //! `cargo bench -p etcdfleet-tests --bench operations`. Each path runs
 //! `ETCDFLEET_BENCH_RUNS` times (default 3), the controller then the floor
 //! in each run. Prints, per path, `<path> controller_s=<median>
 //! floor_s=<median> ratio=<r> runs=<n> controller_range=<min>-<max>
-//! floor_range=<min>-<max> acknowledged=<n> lost=0` (a lost write fails the
-//! bench, naming it). `ETCDFLEET_BENCH_ONLY=<path>` runs one path
-//! (`scale_out` for the scale-out).
+//! floor_range=<min>-<max> net_controller_s=<median> net_floor_s=<median>
+//! net_ratio=<r> acknowledged=<n> lost=0` (a lost write fails the bench,
+//! naming it). `net_` is the wall time less the time etcd took to exit after
+//! SIGTERM, which the controller cannot shorten and which varies from 20 ms
+//! to 3.7 s per restart on either side. `ETCDFLEET_BENCH_ONLY=<path>` runs
+//! one path (`scale_out` for the scale-out); `ETCDFLEET_BENCH_TRACE=1`
+//! prints the controller's outcome at each reconcile.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use etcdfleet_api::EtcdCluster;
 use etcdfleet_api::version::DOWNGRADE_ANNOTATION;
+use etcdfleet_controllers::etcd::EtcdConfig;
 use etcdfleet_controllers::etcdcluster::{Outcome, ReconcilerSettings, in_flight_requeue};
+use etcdfleet_tests::by_hand::ByHand;
 use etcdfleet_tests::driver::TestController;
 use etcdfleet_tests::etcd_harness::{
     AckedWriter, ClusterOptions, EtcdBinary, EtcdVersion, LocalEtcdCluster, require_etcd,
     verify_acknowledged,
 };
 use etcdfleet_tests::fleet::Fleet;
+use etcdfleet_tests::runtime::BackgroundSync;
 use etcdfleet_tests::scenario::{NS, cluster, converge_all, create, etcd_of, get, patch_spec};
-use etcdfleet_tests::versions::{annotate, downgrade_by_hand, roll_by_hand};
+use etcdfleet_tests::versions::annotate;
 
 /// One version path.
 struct VersionPath {
@@ -124,7 +134,61 @@ fn production_like() -> ReconcilerSettings {
 /// What one side of a path measured.
 struct Measured {
     took: Duration,
+    /// Of `took`, how long etcd processes of deleted pods took to exit
+    /// after SIGTERM (the runtime's count over the same window).
+    exiting: Duration,
     acknowledged: usize,
+}
+
+/// A fleet of one workload cluster with EtcdCluster `up` created and
+/// converged on `from`, pods synced every 100 ms like a kubelet, and a
+/// writer on its members.
+struct World {
+    fleet: Fleet,
+    ctl: TestController,
+    _sync: Vec<BackgroundSync>,
+    endpoints: Vec<String>,
+    config: EtcdConfig,
+    writer: AckedWriter,
+}
+
+impl World {
+    async fn start(from: &EtcdBinary) -> Result<World> {
+        let fleet = Fleet::new(&["a"]).await?;
+        let mut ctl = TestController::new(
+            fleet.management(),
+            fleet.client_factory(),
+            fleet.dialer(),
+            production_like(),
+        );
+        create(&fleet, &cluster("up", "a", 3, &from.release)).await?;
+        converge_all(&fleet, &mut ctl, &["up"]).await?;
+        let sync = fleet.spawn_background_sync(Duration::from_millis(100));
+        let (endpoints, config) = etcd_of(&fleet, "a", "up", 3).await?;
+        let writer = AckedWriter::start(endpoints.clone(), config.clone(), "/bench").await?;
+        Ok(World {
+            fleet,
+            ctl,
+            _sync: sync,
+            endpoints,
+            config,
+            writer,
+        })
+    }
+
+    /// How long deleted pods' etcd took to exit so far.
+    fn exiting(&self) -> Duration {
+        self.fleet.runtime("a").time_spent_exiting()
+    }
+
+    /// Stops the writer, reads every acknowledged write back and tears the
+    /// world down; the count of writes verified.
+    async fn finish(self) -> Result<usize> {
+        let report = self.writer.stop().await?;
+        let verified = verify_acknowledged(&report, &self.endpoints, &self.config, "/bench").await;
+        self.fleet.shutdown().await;
+        verified
+    }
 }
 
 async fn controller_path(
@@ -132,57 +196,54 @@ async fn controller_path(
     from: &EtcdBinary,
     to: &EtcdBinary,
 ) -> Result<Measured> {
-    let fleet = Fleet::new(&["a"]).await?;
-    let mut ctl = TestController::new(
-        fleet.management(),
-        fleet.client_factory(),
-        fleet.dialer(),
-        production_like(),
-    );
-    create(&fleet, &cluster("up", "a", 3, &from.release)).await?;
-    converge_all(&fleet, &mut ctl, &["up"]).await?;
-    let _sync = fleet.spawn_background_sync(Duration::from_millis(100));
-    let (endpoints, config) = etcd_of(&fleet, "a", "up", 3).await?;
-    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "/bench").await?;
+    let world = World::start(from).await?;
     if path.downgrade {
-        annotate(&fleet, "up", DOWNGRADE_ANNOTATION, Some(&to.release)).await?;
+        annotate(&world.fleet, "up", DOWNGRADE_ANNOTATION, Some(&to.release)).await?;
     }
-    patch_spec(&fleet, "up", serde_json::json!({ "version": to.release })).await?;
+    patch_spec(
+        &world.fleet,
+        "up",
+        serde_json::json!({ "version": to.release }),
+    )
+    .await?;
+    let exited_before = world.exiting();
     let want = to.release.clone();
-    let took = drive(&fleet, &ctl, "up", |c| {
+    let took = drive(&world.fleet, &world.ctl, "up", |c| {
         c.status.as_ref().is_some_and(|s| {
             s.current_version.as_deref() == Some(want.as_str()) && s.ready_members == 3
         })
     })
     .await;
-    let report = writer.stop().await?;
-    let acknowledged = verify_acknowledged(&report, &endpoints, &config, "/bench").await?;
-    fleet.shutdown().await;
+    let exiting = world.exiting() - exited_before;
+    let acknowledged = world.finish().await?;
     Ok(Measured {
         took: took?,
+        exiting,
         acknowledged,
     })
 }
 
-/// The same path by hand on a local TLS cluster of the same binaries.
+/// The same path by hand on the same kind of world: a cluster the
+/// controller created, then left alone (see `etcdfleet_tests::by_hand`).
 async fn floor_path(path: &VersionPath, from: &EtcdBinary, to: &EtcdBinary) -> Result<Measured> {
-    let options = ClusterOptions::new(3, from.clone())
-        .with_tls(true)
-        .with_version_flags();
-    let mut etcd = LocalEtcdCluster::start(options).await?;
-    let endpoints = etcd.client_urls();
-    let config = etcd.etcd_config();
-    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "/bench").await?;
+    let world = World::start(from).await?;
+    let person = ByHand::connect(&world.fleet, "a", "up", 3, &from.release).await?;
+    let exited_before = world.exiting();
     let started = Instant::now();
-    if path.downgrade {
-        downgrade_by_hand(&mut etcd, to).await?;
+    let done = if path.downgrade {
+        person.downgrade(to).await
     } else {
-        roll_by_hand(&mut etcd, to).await?;
-    }
+        person.upgrade(to).await
+    };
     let took = started.elapsed();
-    let report = writer.stop().await?;
-    let acknowledged = verify_acknowledged(&report, &endpoints, &config, "/bench").await?;
-    Ok(Measured { took, acknowledged })
+    let exiting = world.exiting() - exited_before;
+    let acknowledged = world.finish().await?;
+    done?;
+    Ok(Measured {
+        took,
+        exiting,
+        acknowledged,
+    })
 }
 
 async fn controller_scale_out() -> Result<Duration> {
@@ -259,8 +320,7 @@ async fn main() -> Result<()> {
             // Side by side in each run: the controller, then the floor.
             let controller = controller_path(path, &from, &to).await?;
             let floor = floor_path(path, &from, &to).await?;
-            sides.push(controller.took, floor.took);
-            sides.acknowledged += controller.acknowledged + floor.acknowledged;
+            sides.push_measured(&controller, &floor);
         }
         println!(
             "{} ({} -> {}) acknowledged={} lost=0",
@@ -293,11 +353,14 @@ fn runs() -> Result<usize> {
     }
 }
 
-/// The runs of one path: the controller's and the floor's times.
+/// The runs of one path: the controller's and the floor's times, and of
+/// each the time etcd spent exiting.
 #[derive(Default)]
 struct Sides {
     controller: Vec<Duration>,
     floor: Vec<Duration>,
+    controller_net: Vec<Duration>,
+    floor_net: Vec<Duration>,
     acknowledged: usize,
 }
 
@@ -307,8 +370,21 @@ impl Sides {
         self.floor.push(floor);
     }
 
+    /// A version path's run: wall times, and wall times less etcd's exits.
+    fn push_measured(&mut self, controller: &Measured, floor: &Measured) {
+        self.push(controller.took, floor.took);
+        self.controller_net
+            .push(controller.took.saturating_sub(controller.exiting));
+        self.floor_net
+            .push(floor.took.saturating_sub(floor.exiting));
+        self.acknowledged += controller.acknowledged + floor.acknowledged;
+    }
+
     /// `<what> controller_s=<median> floor_s=<median> ratio=<of the medians>
-    /// runs=<n> controller_range=<min>-<max> floor_range=<min>-<max>`.
+    /// runs=<n> controller_range=<min>-<max> floor_range=<min>-<max>`, then
+    /// for a version path `net_controller_s=<median> net_floor_s=<median>
+    /// net_ratio=<r>`: the same less the time etcd took to exit after
+    /// SIGTERM, which varies from 20 ms to 3.7 s per restart on either side.
     fn line(&self, what: &str) -> String {
         let range = |v: &[Duration]| {
             let secs = v.iter().map(Duration::as_secs_f64);
@@ -316,13 +392,23 @@ impl Sides {
             let max = secs.fold(0.0, f64::max);
             format!("{min:.2}-{max:.2}")
         };
-        format!(
+        let mut text = format!(
             "{} runs={} controller_range={} floor_range={}",
             line(what, median(&self.controller), median(&self.floor)),
             self.controller.len(),
             range(&self.controller),
             range(&self.floor)
-        )
+        );
+        if !self.controller_net.is_empty() {
+            let (c, f) = (median(&self.controller_net), median(&self.floor_net));
+            text += &format!(
+                " net_controller_s={:.2} net_floor_s={:.2} net_ratio={:.2}",
+                c.as_secs_f64(),
+                f.as_secs_f64(),
+                c.as_secs_f64() / f.as_secs_f64()
+            );
+        }
+        text
     }
 }
 

@@ -424,8 +424,11 @@ exec "$@""#;
 
     /// SIGTERM to the group; SIGKILL if it has not exited within `grace`.
     pub async fn terminate(&self, grace: Duration) {
+        let started = Instant::now();
         self.signal_group(libc::SIGTERM);
-        if !self.wait_exit(grace).await {
+        let exited = self.wait_exit(grace).await;
+        tracing::debug!(log = %self.log_file.display(), took = ?started.elapsed(), exited, "SIGTERM");
+        if !exited {
             self.kill().await;
         }
     }
@@ -992,7 +995,10 @@ impl LocalEtcdCluster {
         }
         let initial = self.initial_cluster();
         self.spawn(i, "existing", &initial)?;
-        self.wait_healthy(i).await
+        let started = Instant::now();
+        let healthy = self.wait_healthy(i).await;
+        tracing::debug!(member = i, took = ?started.elapsed(), "restarted member healthy");
+        healthy
     }
 
     /// Stops member `i` and deletes its data dir (a lost disk).

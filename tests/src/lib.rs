@@ -1,4 +1,5 @@
 pub mod apiserver;
+pub mod by_hand;
 pub mod control_plane;
 pub mod controller_process;
 pub mod demo;

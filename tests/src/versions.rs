@@ -3,9 +3,9 @@
 //! release to another under a continuous writer, with every acknowledged
 //! write checked afterwards, and the check that every member pod runs with
 //! flags its own release accepts (the members still on the old release keep
-//! the old spelling during a roll). And the same version changes done by
-//! hand with etcd's own calls on a local cluster: the floor the operations
-//! bench measures the controller against.
+//! the old spelling during a roll). And a roll by hand with etcd's own calls
+//! on a local cluster, for the engine tests (the operations bench's floor is
+//! `crate::by_hand`, on the controller's own pods).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -131,7 +131,7 @@ pub fn check_flags(pod: &str, release: &str, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn minor_of(release: &str) -> Result<(u64, u64)> {
+pub fn minor_of(release: &str) -> Result<(u64, u64)> {
     let mut parts = release.split('.').skip(1);
     let minor = parts.next().and_then(|m| m.parse().ok());
     let patch = parts.next().and_then(|p| p.parse().ok());
@@ -304,20 +304,6 @@ pub async fn wait_statuses(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// etcd's online downgrade by hand (docs v3.6 `downgrades/downgrade_3_6`):
-/// validate, enable, wait until every member's storage version is the
-/// target, then roll every member onto `to`, leader last.
-pub async fn downgrade_by_hand(etcd: &mut LocalEtcdCluster, to: &EtcdBinary) -> Result<()> {
-    let (minor, _) = minor_of(&to.release)?;
-    let target = format!("3.{minor}");
-    let client = etcd.cluster_client().await?;
-    client.validate_downgrade(&target).await?;
-    client.enable_downgrade(&target).await?;
-    let storage = format!("{target}.0");
-    wait_statuses(etcd, "migrated", |s| s.storage_version == storage).await?;
-    roll_by_hand(etcd, to).await
 }
 
 /// Sets (or with `None` removes) an annotation on EtcdCluster `name`.

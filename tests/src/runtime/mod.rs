@@ -578,6 +578,9 @@ struct Inner {
     /// directories) its pods mounted, removed with the runtime: the control
     /// plane that would delete them stops with the test.
     host_volumes: Mutex<BTreeSet<PathBuf>>,
+    /// How long the processes of deleted pods took to exit after SIGTERM,
+    /// summed (etcd's own shutdown: from 20 ms to several seconds).
+    exiting: Mutex<Duration>,
 }
 
 /// One fake workload cluster's StatefulSet controller + kubelet. See the module docs.
@@ -712,6 +715,7 @@ impl WorkloadRuntime {
                 hosts_file,
                 names: Mutex::new(BTreeMap::new()),
                 host_volumes: Mutex::new(BTreeSet::new()),
+                exiting: Mutex::new(Duration::ZERO),
                 state: tokio::sync::Mutex::new(State {
                     hosts_content: base,
                     ..State::default()
@@ -728,6 +732,13 @@ impl WorkloadRuntime {
     pub fn ip_block(&self) -> String {
         let (x, y) = self.inner.block;
         format!("127.{x}.{y}.0/24")
+    }
+
+    /// How long the processes of deleted pods took to exit after SIGTERM,
+    /// summed over the runtime's life: time no controller can shorten, which
+    /// the operations bench sets apart.
+    pub fn time_spent_exiting(&self) -> Duration {
+        *self.inner.exiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Where pod logs, PVC directories and the hosts file live.
@@ -1321,7 +1332,12 @@ impl Inner {
             }
         }
         let dirs: Vec<PathBuf> = stopped.iter().map(|r| r.pod_dir.clone()).collect();
+        let started = Instant::now();
+        let stopping = stopped.iter().any(|r| r.process.is_some());
         stop_all(stopped).await;
+        if stopping {
+            *self.exiting.lock().unwrap_or_else(|e| e.into_inner()) += started.elapsed();
+        }
         for dir in dirs {
             let _ = fs::remove_dir_all(dir);
         }
@@ -1497,7 +1513,9 @@ impl Inner {
                 Mode::Nodes(_) => deletion_grace(pod),
             };
             if let Some(p) = run.process.take() {
+                let started = Instant::now();
                 p.terminate(grace).await;
+                *self.exiting.lock().unwrap_or_else(|e| e.into_inner()) += started.elapsed();
             }
             if let Some(p) = run.init_process.take() {
                 p.kill().await;
