@@ -85,9 +85,10 @@ fn in_flight_poll(
     })
 }
 
-/// After a step whose whole effect is a write the next read shows (a PVC's
-/// annotations, the cluster's own annotation): the next step can be planned
-/// at once. Not zero, so a planner that kept planning the same write would
+/// After a step whose whole effect the next read shows (a PVC record, a
+/// leadership move, the cluster's own annotation; see
+/// [`crate::etcdcluster::plan::Step::is_seen_at_once`]): the next step can
+/// be planned at once. Not zero, so a planner that kept planning the same write would
 /// still be bounded (20 reconciles a second).
 pub const SEEN_AT_ONCE_POLL: Duration = Duration::from_millis(50);
 
