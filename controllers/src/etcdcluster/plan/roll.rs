@@ -26,6 +26,19 @@ pub(super) fn roll_members(m: &Members) -> Option<Plan> {
     if obs.pods.values().any(|p| p.deleting) {
         return Some(Plan::Wait("a member pod is being replaced".to_string()));
     }
+    // A voter without a pod: its pod was deleted and not yet recreated. Its
+    // process may still be running (and answering) until the kubelet stops
+    // it, so restarting another member now could take two down at once.
+    if let Some(o) = health
+        .voters()
+        .filter_map(|mo| m.ordinal_of(mo.member.id))
+        .find(|o| !obs.pods.contains_key(o))
+    {
+        return Some(Plan::Wait(format!(
+            "rolling update waits: the pod of member {} is being recreated",
+            obs.names.pod(o)
+        )));
+    }
     if let Some(sick) = health.voters().find(|mo| !mo.healthy) {
         return Some(Plan::Wait(format!(
             "rolling update waits: member {} is unhealthy",
@@ -89,6 +102,22 @@ mod tests {
                 ordinal: 1,
                 member_id: 101
             }))
+        );
+    }
+
+    #[test]
+    fn a_voter_whose_pod_is_gone_holds_the_roll_even_while_it_still_answers() {
+        // Ordinal 1's pod was deleted and is not recreated yet; its etcd
+        // still answers healthy (the kubelet has not stopped it).
+        let mut obs = converged(3, 3);
+        for o in 0..3 {
+            obs.pods.insert(o, pod("etcd:v3.4.0"));
+        }
+        obs.pods.remove(&1);
+        let plan = roll_members(&Members::of(&obs).unwrap());
+        assert!(
+            matches!(&plan, Some(Plan::Wait(why)) if why.contains("c-etcd-1")),
+            "{plan:?}"
         );
     }
 }
