@@ -119,6 +119,11 @@ pub const RULES: &[(&str, Rule)] = &[
     ("defragment", M(maintenance::defragment)),
     ("unhealthy member", M(maintenance::unhealthy_member)),
     ("volume records", M(maintenance::refresh_volume_records)),
+    // A scale-down's last volume waits for its pod to stop.
+    (
+        "removed volume waits for its pod",
+        M(scale::removed_volume_waits_for_its_pod),
+    ),
     // A change of minor version held, nothing else to do: wait, saying why;
     // converged on an acknowledged downgrade: forget the acknowledgement.
     ("version change held", O(version::held)),

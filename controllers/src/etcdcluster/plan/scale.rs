@@ -24,16 +24,28 @@ pub(super) fn shrink_statefulset(m: &Members) -> Option<Plan> {
 
 /// Rule: PVCs of members removed by a scale-down go, once their pod is gone.
 pub(super) fn delete_removed_volumes(m: &Members) -> Option<Plan> {
+    let ordinal = removed_volumes(m).find(|o| !m.obs.pods.contains_key(o))?;
+    Some(Plan::Act(Step::DeletePvc { ordinal }))
+}
+
+/// Rule (once nothing else is left): a removed member's PVC whose pod is
+/// still stopping is waited for; the scale-down is not done, nor the
+/// cluster converged, with that volume left.
+pub(super) fn removed_volume_waits_for_its_pod(m: &Members) -> Option<Plan> {
+    let ordinal = removed_volumes(m).next()?;
+    Some(Plan::Wait(format!(
+        "the PVC of removed ordinal {ordinal} waits until its pod {} is gone",
+        m.obs.names.pod(ordinal)
+    )))
+}
+
+/// Ordinals whose PVC belongs to no member, beyond both the StatefulSet and
+/// the desired size: what a scale-down left.
+fn removed_volumes<'a>(m: &'a Members) -> impl Iterator<Item = u32> + 'a {
     let obs = m.obs;
-    obs.pvcs
-        .keys()
-        .find(|ordinal| {
-            **ordinal >= m.sts.replicas
-                && **ordinal >= obs.desired_replicas
-                && !obs.pods.contains_key(ordinal)
-                && m.member_at(**ordinal).is_none()
-        })
-        .map(|ordinal| Plan::Act(Step::DeletePvc { ordinal: *ordinal }))
+    obs.pvcs.keys().copied().filter(move |o| {
+        *o >= m.sts.replicas && *o >= obs.desired_replicas && m.member_at(*o).is_none()
+    })
 }
 
 /// Rule: the highest voter beyond the desired size is removed, leadership
@@ -182,6 +194,15 @@ mod tests {
             Some(Plan::Act(Step::ScaleStatefulSet { replicas: 2 }))
         );
         obs.statefulset.as_mut().unwrap().replicas = 2;
+        // Its pod still stopping, nothing else to do: the scale-down waits
+        // for it rather than report the cluster converged.
+        assert_eq!(delete_removed_volumes(&members(&obs)), None);
+        let plan = removed_volume_waits_for_its_pod(&members(&obs));
+        assert!(
+            matches!(&plan, Some(Plan::Wait(why)) if why.contains("c-etcd-2")),
+            "{plan:?}"
+        );
+        assert_eq!(super::super::plan_next_step(&obs), plan.unwrap());
         obs.pods.remove(&2);
         assert_eq!(
             delete_removed_volumes(&members(&obs)),
