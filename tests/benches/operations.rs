@@ -123,6 +123,16 @@ async fn drive(
     bail!("{name} did not converge within 300 s")
 }
 
+/// The controller the bench drives, with [`production_like`] settings.
+fn production_controller(fleet: &Fleet) -> TestController {
+    TestController::new(
+        fleet.management(),
+        fleet.client_factory(),
+        fleet.dialer(),
+        production_like(),
+    )
+}
+
 fn production_like() -> ReconcilerSettings {
     ReconcilerSettings {
         // The test world's etcd answers in milliseconds; keep the
@@ -155,12 +165,7 @@ struct World {
 impl World {
     async fn start(from: &EtcdBinary) -> Result<World> {
         let fleet = Fleet::new(&["a"]).await?;
-        let mut ctl = TestController::new(
-            fleet.management(),
-            fleet.client_factory(),
-            fleet.dialer(),
-            production_like(),
-        );
+        let mut ctl = production_controller(&fleet);
         create(&fleet, &cluster("up", "a", 3, &from.release)).await?;
         converge_all(&fleet, &mut ctl, &["up"]).await?;
         let sync = fleet.spawn_background_sync(Duration::from_millis(100));
@@ -248,12 +253,7 @@ async fn floor_path(path: &VersionPath, from: &EtcdBinary, to: &EtcdBinary) -> R
 
 async fn controller_scale_out() -> Result<Duration> {
     let fleet = Fleet::new(&["b"]).await?;
-    let mut ctl = TestController::new(
-        fleet.management(),
-        fleet.client_factory(),
-        fleet.dialer(),
-        production_like(),
-    );
+    let mut ctl = production_controller(&fleet);
     let binary = require_etcd(EtcdVersion::V3_5Latest).context("etcd 3.5")?;
     create(&fleet, &cluster("wide", "b", 3, &binary.release)).await?;
     converge_all(&fleet, &mut ctl, &["wide"]).await?;
