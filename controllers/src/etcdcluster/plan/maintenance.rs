@@ -62,16 +62,24 @@ pub(super) fn defragment(m: &Members) -> Option<Plan> {
 }
 
 /// Rule: a member still unhealthy is waited for (nothing else is left that
-/// would help it).
+/// would help it); so is a healthy member that did not answer its status,
+/// whose version and raft position are then unknown: the cluster is not
+/// reported converged on a version one member has not confirmed.
 pub(super) fn unhealthy_member(m: &Members) -> Option<Plan> {
-    let sick = m.health.members().iter().find(|mo| !mo.healthy)?;
+    let members = m.health.members();
+    let sick = members.iter().find(|mo| !mo.healthy);
+    let (mo, what) = match sick {
+        Some(mo) => (mo, "is unhealthy"),
+        None => (
+            members.iter().find(|mo| mo.status.is_none())?,
+            "answered its health check but not its status",
+        ),
+    };
+    let why = mo.error.as_ref().map(|e| format!(": {e}"));
     Some(Plan::Wait(format!(
-        "member {} is unhealthy{}",
-        m.describe(sick.member.id),
-        sick.error
-            .as_ref()
-            .map(|e| format!(": {e}"))
-            .unwrap_or_default()
+        "member {} {what}{}",
+        m.describe(mo.member.id),
+        why.unwrap_or_default()
     )))
 }
 
@@ -101,7 +109,8 @@ pub(super) fn records_while_a_roll_waits(m: &Members) -> Option<Plan> {
 mod tests {
     use super::super::tests::{converged, member, pod, with_members};
     use super::*;
-    use crate::etcd::Alarm;
+    use crate::etcd::{Alarm, ClusterHealth};
+    use crate::etcdcluster::plan::EtcdObservation;
 
     #[test]
     fn a_roll_waiting_for_a_restarted_member_records_those_already_restarted() {
@@ -153,6 +162,30 @@ mod tests {
             super::super::plan_next_step(&obs),
             Plan::Act(Step::RestartMember { ordinal: 2, .. })
         ));
+    }
+
+    #[test]
+    fn a_healthy_member_without_a_status_is_waited_for_not_converged() {
+        // Member 0's health check passed but its status call failed: its
+        // version is unknown, so the cluster is not converged yet.
+        let mut obs = converged(3, 3);
+        let EtcdObservation::Observed(health) = &obs.etcd else {
+            unreachable!()
+        };
+        let mut members = health.members().to_vec();
+        members[0].status = None;
+        members[0].error = Some("status: deadline exceeded".into());
+        obs.etcd = EtcdObservation::Observed(ClusterHealth::new(members));
+        let wait = Plan::Wait(format!(
+            "member {} answered its health check but not its status: \
+             status: deadline exceeded",
+            obs.names.pod(0)
+        ));
+        assert_eq!(
+            unhealthy_member(&Members::of(&obs).unwrap()),
+            Some(wait.clone())
+        );
+        assert_eq!(super::super::plan_next_step(&obs), wait);
     }
 
     #[test]
