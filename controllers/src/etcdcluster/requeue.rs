@@ -47,11 +47,11 @@ pub fn held_delay(base: Duration, attempt: u32, cap: Duration) -> Duration {
     base.saturating_mul(1u32 << attempt.min(20)).min(cap)
 }
 
-/// While an operation is in flight, look again soon: 100 ms after a step
+/// While an operation is in flight, look again soon: 50 ms after a step
 /// (its effect is usually visible within that; [`SEEN_AT_ONCE_POLL`] after a
-/// step the next read shows at once), then every 100 ms for the first
-/// second of a wait, growing by half to 500 ms apart until about 10 s and
-/// then up to `requeue_progress` ([`in_flight_delay`]). `None` once the
+/// step the next read shows at once), then every 50 ms for the first second
+/// of a wait, growing by half to 500 ms apart until about 10 s and then up
+/// to `requeue_progress` ([`in_flight_delay`]). `None` once the
 /// cluster is converged, paused, blocked or gone (the slow poll applies).
 pub fn in_flight_requeue(
     outcome: &Outcome,
@@ -85,28 +85,32 @@ fn in_flight_poll(
     })
 }
 
-/// After a step whose whole effect the next read shows (a PVC record, a
-/// leadership move, the cluster's own annotation; see
-/// [`crate::etcdcluster::plan::Step::is_seen_at_once`]): the next step can
-/// be planned at once. Not zero, so a planner that kept planning the same write would
-/// still be bounded (20 reconciles a second).
-pub const SEEN_AT_ONCE_POLL: Duration = Duration::from_millis(50);
+/// After a step whose whole effect the next read shows (workload objects
+/// written, a PVC record, a leadership move, the cluster's own annotation;
+/// see [`crate::etcdcluster::plan::Step::is_seen_at_once`]): the next step
+/// can be planned at once. Each of a roll's StatefulSet write, leadership
+/// move and last record waited a full poll before (`make bench`). Not
+/// zero, so a planner that kept planning the same write would still be
+/// bounded (a reconcile costs about 13 ms: some 30 a second).
+pub const SEEN_AT_ONCE_POLL: Duration = Duration::from_millis(20);
 
 /// The first waits of an operation in flight are polled [`FLAT_POLL`]
 /// apart: a restarted member answers again 0.1 to 1.2 s after its pod is
 /// deleted (etcd's own shutdown waits up to a second for its peer
 /// connections), and each poll after it is found up is time lost. Growing
 /// from the first wait, a restarted member was seen up to 0.4 s late, a
-/// tenth of a three-member roll (`make bench`).
-const FLAT_WAITS: u32 = 10;
-const FLAT_POLL: Duration = Duration::from_millis(100);
+/// tenth of a three-member roll; at 100 ms apart, about 60 ms late on
+/// average (`make bench`). A reconcile of a cluster in flight costs about
+/// 13 ms, so 20 a second for a second per restart is the price.
+const FLAT_WAITS: u32 = 20;
+const FLAT_POLL: Duration = Duration::from_millis(50);
 
 /// Waits polled at most [`FAST_WAIT_POLL`] apart: a learner catching up and
 /// etcd's storage-version migration after `downgrade enable` (its monitor
 /// runs every 4 s) end within this many polls, about 10 s. Growing freely
 /// instead, a 5 s wait was seen up to 1.7 s late, a third of a three-member
 /// roll (`make bench`).
-const FAST_WAITS: u32 = 30;
+const FAST_WAITS: u32 = 40;
 const FAST_WAIT_POLL: Duration = Duration::from_millis(500);
 
 /// [`FLAT_POLL`] for the first [`FLAT_WAITS`] attempts, then growing by
@@ -151,7 +155,7 @@ pub fn jitter(base: Duration, key: &str) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcdcluster::plan::Step;
+    use crate::etcdcluster::plan::{ObjectKind, Step};
 
     #[test]
     fn a_held_cluster_backs_off_exponentially_until_its_spec_changes_or_it_moves() {
@@ -205,23 +209,24 @@ mod tests {
     #[test]
     fn in_flight_requeues_are_flat_for_a_second_then_grow_to_500ms_then_to_the_progress_poll() {
         let cap = Duration::from_secs(2);
-        let delays: Vec<u64> = (0..33)
+        let delays: Vec<u64> = (0..43)
             .map(|n| in_flight_delay(n, cap).as_millis() as u64)
             .collect();
-        assert!(delays[..10].iter().all(|&d| d == 100), "{delays:?}");
-        assert_eq!(delays[10..14], [150, 225, 337, 500]);
-        assert!(delays[13..30].iter().all(|&d| d == 500), "{delays:?}");
-        assert_eq!(delays[30..], [2000, 2000, 2000]);
-        let fast: u64 = delays[..30].iter().sum();
-        assert_eq!(fast, 10212, "the fast polls cover about 10 s of waiting");
+        assert!(delays[..20].iter().all(|&d| d == 50), "{delays:?}");
+        assert_eq!(delays[..20].iter().sum::<u64>(), 1000, "flat for a second");
+        assert_eq!(delays[20..26], [75, 112, 168, 253, 379, 500]);
+        assert!(delays[25..40].iter().all(|&d| d == 500), "{delays:?}");
+        assert_eq!(delays[40..], [2000, 2000, 2000]);
+        let fast: u64 = delays[..40].iter().sum();
+        assert_eq!(fast, 9487, "the fast polls cover about 10 s of waiting");
         assert_eq!(in_flight_delay(u32::MAX, cap), cap);
         // A progress poll under 500 ms bounds every poll.
         let short = Duration::from_millis(300);
-        assert_eq!(in_flight_delay(12, short), short);
-        assert_eq!(in_flight_delay(40, short), short);
+        assert_eq!(in_flight_delay(24, short), short);
+        assert_eq!(in_flight_delay(50, short), short);
         assert_eq!(
-            in_flight_delay(3, Duration::from_millis(50)),
-            Duration::from_millis(50)
+            in_flight_delay(3, Duration::from_millis(20)),
+            Duration::from_millis(20)
         );
     }
 
@@ -231,7 +236,7 @@ mod tests {
         let cap = Duration::from_secs(2);
         let poll = |outcome: &Outcome| in_flight_poll(&in_flight, outcome, "ns/c".into(), cap);
         let waiting = Outcome::Waiting("member restarting".into());
-        for _ in 0..12 {
+        for _ in 0..24 {
             poll(&waiting);
         }
         let record = Outcome::Acted(Step::RecordPvcMember {
@@ -244,12 +249,15 @@ mod tests {
             member_id: 1,
         });
         assert_eq!(poll(&record), Some(SEEN_AT_ONCE_POLL));
+        assert_eq!(SEEN_AT_ONCE_POLL, Duration::from_millis(20));
+        let written = Outcome::Acted(Step::WriteObjects(vec![ObjectKind::StatefulSet]));
+        assert_eq!(poll(&written), Some(SEEN_AT_ONCE_POLL));
         assert_eq!(
             poll(&waiting),
-            Some(Duration::from_millis(100)),
+            Some(Duration::from_millis(50)),
             "a wait after the step starts flat again"
         );
-        assert_eq!(poll(&restart), Some(Duration::from_millis(100)));
+        assert_eq!(poll(&restart), Some(Duration::from_millis(50)));
         assert_eq!(poll(&Outcome::Converged), None);
         assert!(in_flight.lock().unwrap().is_empty());
     }

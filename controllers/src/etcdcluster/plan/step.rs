@@ -207,12 +207,18 @@ impl Step {
 
     /// Whether the step's whole effect is done when its call answers and
     /// the next read shows it (a PVC's annotations, the cluster's own
-    /// annotation, leadership, which etcd moves before answering): nothing
-    /// else has to happen before the next step can be planned.
+    /// annotation, leadership, which etcd moves before answering, the
+    /// workload objects written): nothing else has to happen before the next
+    /// step can be planned. A StatefulSet's pods follow it later, but the
+    /// steps after its write look at the pods themselves: a member is
+    /// restarted because its pod differs from the template written, and a
+    /// pod the StatefulSet controller recreated from a template it had not
+    /// seen yet would differ again and be restarted again.
     pub fn is_seen_at_once(&self) -> bool {
         matches!(
             self,
-            Step::RecordPvcMember { .. }
+            Step::WriteObjects(_)
+                | Step::RecordPvcMember { .. }
                 | Step::MoveLeader { .. }
                 | Step::Version(VersionStep::ForgetAcknowledgement { .. })
         )
