@@ -711,6 +711,7 @@ pub fn observation_from_status(
             replicas: sts_replicas,
             image: inputs.image.clone(),
             template_hash: None,
+            template_seen: true,
         }),
         pods,
         pvcs,

@@ -151,6 +151,8 @@ pub async fn observe(
                 replicas: sts_replicas,
                 image: render::statefulset_image(s).unwrap_or_default().to_string(),
                 template_hash: render::statefulset_template_hash(s).map(str::to_string),
+                template_seen: s.status.as_ref().and_then(|st| st.observed_generation)
+                    >= s.metadata.generation,
             }),
         pods: (members.pods.iter())
             .map(|(o, p)| (*o, volumes::pod_observation(p)))

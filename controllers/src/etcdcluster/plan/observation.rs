@@ -18,6 +18,10 @@ pub struct StatefulSetObservation {
     /// The inputs hash the pod template carries ([`crate::render::TEMPLATE_HASH`]);
     /// `None` on a StatefulSet written by a release that did not stamp it.
     pub template_hash: Option<String>,
+    /// The StatefulSet controller has seen the spec as written
+    /// (`status.observedGeneration` ≥ `metadata.generation`): a pod deleted
+    /// now is recreated from this template, not an older one.
+    pub template_seen: bool,
 }
 
 /// One pod of the StatefulSet as observed.

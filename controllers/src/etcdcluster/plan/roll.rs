@@ -23,6 +23,15 @@ pub(super) fn roll_members(m: &Members) -> Option<Plan> {
     if outdated.is_empty() {
         return None;
     }
+    // A pod deleted before the StatefulSet controller saw the template
+    // would come back from the old one (and be restarted twice).
+    if !sts.template_seen {
+        return Some(Plan::Wait(
+            "rolling update waits: the StatefulSet controller has not seen the new pod \
+             template yet (status.observedGeneration is behind metadata.generation)"
+                .to_string(),
+        ));
+    }
     if obs.pods.values().any(|p| p.deleting) {
         return Some(Plan::Wait("a member pod is being replaced".to_string()));
     }
@@ -119,5 +128,28 @@ mod tests {
             matches!(&plan, Some(Plan::Wait(why)) if why.contains("c-etcd-1")),
             "{plan:?}"
         );
+    }
+
+    #[test]
+    fn no_member_is_restarted_before_the_statefulset_controller_saw_the_template() {
+        let mut obs = converged(3, 3);
+        for o in 0..3 {
+            obs.pods.insert(o, pod("etcd:v3.4.0"));
+        }
+        obs.statefulset.as_mut().unwrap().template_seen = false;
+        let plan = roll_members(&Members::of(&obs).unwrap());
+        assert!(
+            matches!(&plan, Some(Plan::Wait(why)) if why.contains("observedGeneration")),
+            "{plan:?}"
+        );
+        obs.statefulset.as_mut().unwrap().template_seen = true;
+        assert!(matches!(
+            roll_members(&Members::of(&obs).unwrap()),
+            Some(Plan::Act(Step::RestartMember { .. }))
+        ));
+        // Nothing outdated: an unseen template holds nothing.
+        let mut at_rest = converged(3, 3);
+        at_rest.statefulset.as_mut().unwrap().template_seen = false;
+        assert_eq!(roll_members(&Members::of(&at_rest).unwrap()), None);
     }
 }

@@ -73,6 +73,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
             replicas: n,
             image: IMG.into(),
             template_hash: None,
+            template_seen: true,
         }),
         pods: (0..n).map(|o| (o, pod(IMG))).collect(),
         pvcs: (0..n)

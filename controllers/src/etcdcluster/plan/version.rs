@@ -385,6 +385,7 @@ mod fixtures {
                 replicas: n,
                 image,
                 template_hash: None,
+                template_seen: true,
             }),
             pods: (0..n).map(|o| (o, pod.clone())).collect(),
             pvcs: (0..n).map(|o| (o, pvc(o))).collect(),
