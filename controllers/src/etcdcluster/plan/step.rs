@@ -210,10 +210,9 @@ impl Step {
     /// annotation, leadership, which etcd moves before answering, the
     /// workload objects written): nothing else has to happen before the next
     /// step can be planned. A StatefulSet's pods follow it later, but the
-    /// steps after its write look at the pods themselves: a member is
-    /// restarted because its pod differs from the template written, and a
-    /// pod the StatefulSet controller recreated from a template it had not
-    /// seen yet would differ again and be restarted again.
+    /// steps after its write look at the pods themselves, and the roll
+    /// restarts a member only once the StatefulSet controller has seen the
+    /// template (`status.observedGeneration`).
     pub fn is_seen_at_once(&self) -> bool {
         matches!(
             self,
