@@ -18,7 +18,7 @@
 //! promoted one by one on a local TLS cluster of the same binary and flags.
 //!
 //! `cargo bench -p etcdfleet-tests --bench operations`. Each path runs
-//! `ETCDFLEET_BENCH_RUNS` times (default 3), the controller then the floor
+//! `ETCDFLEET_BENCH_RUNS` times (default 10), the controller then the floor
 //! in each run. Prints, per path, `<path> controller_s=<median>
 //! floor_s=<median> ratio=<r> runs=<n> controller_range=<min>-<max>
 //! floor_range=<min>-<max> net_controller_s=<median> net_floor_s=<median>
@@ -362,9 +362,15 @@ async fn main() -> Result<()> {
 /// `ETCDFLEET_BENCH_RUNS`: how many times each path is measured, both
 /// sides each time (default 3). etcd's own restarts and elections vary by
 /// seconds from one run to the next, so a single run's ratio says little.
+/// Runs per side and path when `ETCDFLEET_BENCH_RUNS` is unset. etcd's exit
+/// after SIGTERM (about 0.1, 1 or up to 5 s per restart) moves a run by more
+/// than the controller's own cost: one path gave ratios from 1.07 to 1.98
+/// in runs of three, and 1.09 over ten.
+const DEFAULT_RUNS: usize = 10;
+
 fn runs() -> Result<usize> {
     match std::env::var("ETCDFLEET_BENCH_RUNS") {
-        Err(_) => Ok(3),
+        Err(_) => Ok(DEFAULT_RUNS),
         Ok(v) => match v.parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
             _ => bail!("ETCDFLEET_BENCH_RUNS={v:?}: expected a positive count"),
