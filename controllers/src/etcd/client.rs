@@ -938,8 +938,8 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 
-    #[tokio::test]
-    async fn a_refused_membership_change_moves_on_to_the_next_member() {
+    /// A client over three endpoints nothing listens on (connecting is lazy).
+    async fn three_lazy_members() -> ([String; 3], ClusterClient) {
         let endpoints = [
             "http://127.0.0.1:1",
             "http://127.0.0.1:2",
@@ -949,7 +949,17 @@ mod tests {
         let etcd = ClusterClient::connect(&endpoints, &EtcdConfig::default())
             .await
             .unwrap();
-        let at = |c: &ClusterClient| c.preferred.load(Ordering::Relaxed) % 3;
+        (endpoints, etcd)
+    }
+
+    /// Which of the three endpoints cluster-wide calls use now.
+    fn at(c: &ClusterClient) -> usize {
+        c.preferred.load(Ordering::Relaxed) % 3
+    }
+
+    #[tokio::test]
+    async fn a_refused_membership_change_moves_on_to_the_next_member() {
+        let (_, etcd) = three_lazy_members().await;
         assert_eq!(at(&etcd), 0);
         // etcd's strict reconfiguration check is the receiving member's own
         // view: the retry asks the next one.
@@ -969,16 +979,7 @@ mod tests {
 
     #[tokio::test]
     async fn letting_go_of_the_member_cluster_calls_use_moves_them_to_the_next() {
-        let endpoints = [
-            "http://127.0.0.1:1",
-            "http://127.0.0.1:2",
-            "http://127.0.0.1:3",
-        ]
-        .map(String::from);
-        let etcd = ClusterClient::connect(&endpoints, &EtcdConfig::default())
-            .await
-            .unwrap();
-        let at = |c: &ClusterClient| c.preferred.load(Ordering::Relaxed) % 3;
+        let (endpoints, etcd) = three_lazy_members().await;
         // Another member let go of: cluster calls stay where they are.
         etcd.disconnect(&endpoints[2]).await.unwrap();
         assert_eq!(at(&etcd), 0);
