@@ -1088,3 +1088,87 @@ async fn a_recreated_etcdcluster_converges_without_a_restart_of_any_member() -> 
     read_everywhere(&fleet, "a", "etcd-a", 3, "before-the-move").await?;
     Ok(())
 }
+
+/// The production read memo (a converged cluster's static objects are not
+/// read again for `reread_after`) never carries a write: a members
+/// ConfigMap another owner relabelled while the cluster sat converged is
+/// refused at the next step, not force-applied back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_the_memo_path_a_members_configmap_taken_by_another_owner_is_never_written() -> Result<()>
+{
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let production = etcdcluster::ReconcilerSettings {
+        reread_after: etcdcluster::ReconcilerSettings::default().reread_after,
+        ..fast_settings()
+    };
+    assert!(!production.reread_after.is_zero());
+    let mut ctl = etcdfleet_tests::scenario::controller_with(&fleet, production);
+    create(&fleet, &cluster("etcd", "a", 1, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &["etcd"]).await?;
+    // Converged once more: the memo holds the cluster, and a poll reads
+    // neither the ConfigMap nor the other static objects.
+    assert_eq!(ctl.reconcile(NS, "etcd").await?, Outcome::Converged);
+    assert_eq!(ctl.ctx.memo.len(), 1, "the converged cluster is remembered");
+    fleet.clear_ops();
+    assert_eq!(ctl.reconcile(NS, "etcd").await?, Outcome::Converged);
+    let configmap_reads = fleet
+        .ops()
+        .into_iter()
+        .filter(|o| o.cluster == "a" && o.resource == "configmaps")
+        .count();
+    assert_eq!(configmap_reads, 0, "the poll trusted the memo");
+
+    // Another field manager takes the members ConfigMap.
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    configmaps
+        .patch(
+            "etcd-etcd-members",
+            &PatchParams {
+                field_manager: Some("someone-else".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"etcdfleet.dev/owner": "team-b.other"}}
+            })),
+        )
+        .await?;
+    let taken = configmaps.get("etcd-etcd-members").await?;
+    set_replicas(&fleet, "etcd", 3).await?;
+    fleet.clear_ops();
+    for _ in 0..3 {
+        fleet.sync_all().await?;
+        let outcome = ctl.reconcile(NS, "etcd").await?;
+        assert!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+    }
+    let writes = workload_writes(&fleet);
+    assert!(writes.is_empty(), "wrote into the workload: {writes:#?}");
+    let (status, reason, message) =
+        conflict_of(&get(&fleet, "etcd").await?).context("no Conflict condition")?;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ObjectOwnedElsewhere")
+    );
+    assert!(
+        message.contains("ConfigMap/etcd-system/etcd-etcd-members (owned by team-b.other)"),
+        "{message}"
+    );
+    let after = configmaps.get("etcd-etcd-members").await?;
+    assert_eq!(
+        taken.metadata.resource_version, after.metadata.resource_version,
+        "the ConfigMap is as the other owner left it"
+    );
+    let members = etcd_member_count(&fleet, "etcd").await?;
+    assert_eq!(members, 1, "no learner was added");
+    Ok(())
+}
+
+/// Members etcd lists for `name` (1 member, reached through member 0).
+async fn etcd_member_count(fleet: &Fleet, name: &str) -> Result<usize> {
+    let (endpoints, config) = etcd_of(fleet, "a", name, 1).await?;
+    let client = ClusterClient::connect(&endpoints, &config).await?;
+    Ok(client.list_members().await?.len())
+}

@@ -8,9 +8,13 @@
 //! changes on its own (StatefulSet, pods, PVCs, etcd itself) is read every
 //! time. A change of inputs (spec, template, controller release, workload
 //! API server) changes the fingerprint, and any reconcile that is not
-//! converged forgets the entry, so acting always starts from fresh reads.
-//! What is not caught: someone deleting or editing one of those objects by
-//! hand is noticed up to `reread_after` later instead of at the next poll.
+//! converged forgets the entry. A reconcile whose plan on the remembered
+//! observation is a step forgets it and observes again before acting
+//! (`pipeline`), so every write is made on objects read, owner included, in
+//! the same reconcile: an object another owner took meanwhile is refused,
+//! never overwritten. What is not caught: someone deleting or editing one
+//! of those objects by hand on a cluster that stays converged is noticed up
+//! to `reread_after` later instead of at the next poll.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};

@@ -339,18 +339,21 @@ impl<'a> Run<'a> {
     ) -> Result<Stage<Observed>> {
         let (cluster, ctx) = (self.cluster, self.ctx);
         let (location, workload) = (&connected.location, &connected.workload);
-        let observing = observe::observe(cluster, resolved, workload, ctx, &self.report);
-        let mut observed = match traced(step_span("observe", self.key), observing).await {
-            Ok(o) => o,
-            Err(Error::WorkloadApi { server, source }) => {
-                let e = ConnectError::from_workload(&server, &source);
-                ctx.memo.forget(&cluster_key(cluster));
-                ctx.connector.record_failure(location, &e);
-                self.report.remote_unreachable(&e);
-                return self.blocked(e.to_string()).await;
-            }
-            Err(e) => return Err(e),
+        let mut observed = match self.read_workload(resolved, connected).await? {
+            Stage::Next(observed) => observed,
+            Stage::Done(outcome) => return Ok(Stage::Done(outcome)),
         };
+        // The memo is trusted only by a reconcile that ends converged: one
+        // that will act reads every object again first, so each write knows,
+        // in this reconcile, that the object is still this cluster's.
+        if observed.trusted_memo && matches!(plan::plan_next_step(&observed.planner), Plan::Act(_))
+        {
+            ctx.memo.forget(&observed.memo_key.0);
+            observed = match self.read_workload(resolved, connected).await? {
+                Stage::Next(fresh) => fresh,
+                Stage::Done(outcome) => return Ok(Stage::Done(outcome)),
+            };
+        }
         ctx.connector.record_success(location);
         self.report.remote_reachable(&workload.server);
         self.report.observed(&observed.planner);
@@ -368,6 +371,29 @@ impl<'a> Run<'a> {
             observed.planner.restore = self.restore_gate(resolved, &observed).await?;
         }
         Ok(Stage::Next(observed))
+    }
+
+    /// One observation of the workload cluster and etcd; a workload API
+    /// that fails ends the reconcile blocked (reported unreachable).
+    async fn read_workload(
+        &mut self,
+        resolved: &Resolved,
+        connected: &Connected,
+    ) -> Result<Stage<Observed>> {
+        let (cluster, ctx) = (self.cluster, self.ctx);
+        let (location, workload) = (&connected.location, &connected.workload);
+        let observing = observe::observe(cluster, resolved, workload, ctx, &self.report);
+        match traced(step_span("observe", self.key), observing).await {
+            Ok(o) => Ok(Stage::Next(o)),
+            Err(Error::WorkloadApi { server, source }) => {
+                let e = ConnectError::from_workload(&server, &source);
+                ctx.memo.forget(&cluster_key(cluster));
+                ctx.connector.record_failure(location, &e);
+                self.report.remote_unreachable(&e);
+                self.blocked(e.to_string()).await
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A cluster restoring from a snapshot checks it before its first write:

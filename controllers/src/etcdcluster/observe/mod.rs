@@ -63,6 +63,10 @@ pub struct Observed {
     /// Cluster key and input fingerprint, to remember this observation by
     /// if the cluster turns out converged (see [`super::memo`]).
     pub memo_key: (String, u64),
+    /// The objects the memo covers were not read (a converged cluster's
+    /// poll): their presence and owner are what the last converged
+    /// reconcile saw. Nothing may be written on such an observation.
+    pub trusted_memo: bool,
 }
 
 impl Observed {
@@ -114,6 +118,7 @@ pub async fn observe(
         .recall(&key, fingerprint, ctx.settings.reread_after);
     let w = Workload::new(workload, inputs);
 
+    let trusted_memo = recalled.is_some();
     let pki = pki::read(cluster, inputs, recalled.as_ref(), ctx).await?;
     // Present, owned and matching at the last converged reconcile: not
     // re-read within `reread_after` (see `memo`).
@@ -202,6 +207,7 @@ pub async fn observe(
         health: etcd.health,
         server: workload.server.clone(),
         memo_key: (key, fingerprint),
+        trusted_memo,
     })
 }
 
