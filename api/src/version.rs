@@ -557,9 +557,30 @@ pub fn image_for(repository: Option<&str>, version: &Version) -> String {
     format!("{repository}:v{version}")
 }
 
+/// The etcd version an image names by its tag (`…/etcd:v3.6.16` or
+/// `…:3.6.16`), the inverse of [`image_for`]; `None` for an image pinned by
+/// digest or tagged otherwise.
+pub fn version_of_image(image: &str) -> Option<Version> {
+    let (_, tag) = image.rsplit_once(':')?;
+    if tag.contains('/') || image.contains('@') {
+        return None;
+    }
+    Version::parse(tag.strip_prefix('v').unwrap_or(tag)).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_tag_names_its_version() {
+        let v = Version::parse("3.6.16").unwrap();
+        assert_eq!(version_of_image(&image_for(None, &v)), Some(v.clone()));
+        assert_eq!(version_of_image("mirror.example:5000/etcd:3.6.16"), Some(v));
+        assert_eq!(version_of_image("mirror.example:5000/etcd"), None);
+        assert_eq!(version_of_image("etcd:v3.6.16@sha256:abc"), None);
+        assert_eq!(version_of_image("etcd:latest"), None);
+    }
 
     fn v(s: &str) -> Version {
         Version::parse(s).unwrap()

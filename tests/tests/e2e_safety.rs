@@ -1172,3 +1172,140 @@ async fn etcd_member_count(fleet: &Fleet, name: &str) -> Result<usize> {
     let client = ClusterClient::connect(&endpoints, &config).await?;
     Ok(client.list_members().await?.len())
 }
+
+/// A step that removes a member or deletes its volume.
+fn removes_or_deletes(step: &Step) -> bool {
+    matches!(
+        step,
+        Step::RemoveMember { .. }
+            | Step::RetireMember { .. }
+            | Step::DeletePvc { .. }
+            | Step::DeleteStaleStorage { .. }
+    )
+}
+
+/// A binary that exits at once, as a broken release of etcd would.
+fn crashing_etcd(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("etcd");
+    std::fs::write(
+        &path,
+        "#!/bin/sh\necho 'panic: this etcd build cannot start' >&2\nexit 2\n",
+    )?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(path)
+}
+
+/// The member ids and PVC UIDs of `name`'s three members, by pod.
+async fn members_and_volumes(
+    fleet: &Fleet,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, (Option<String>, Option<String>)>> {
+    let status = get(fleet, name).await?.status.context("status")?;
+    let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let mut out = std::collections::BTreeMap::new();
+    for m in &status.members {
+        let pvc = pvcs.get(&format!("data-{}", m.name)).await?;
+        out.insert(m.name.clone(), (m.id.clone(), pvc.metadata.uid));
+    }
+    Ok(out)
+}
+
+/// A member that cannot start on the version it was upgraded to is not
+/// rebuilt: no removal, no volume deleted, no other member restarted, a
+/// condition naming the member, the version and how it exited. Setting
+/// the version back brings it back on its own data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_that_cannot_start_on_a_new_version_keeps_its_volume_and_voter_count() -> Result<()>
+{
+    let Some(good) = require_etcd(EtcdVersion::V3_5Latest) else {
+        return Ok(());
+    };
+    let bin = tempfile::tempdir()?;
+    let broken = "3.5.99";
+    let images = etcdfleet_tests::runtime::ImageTable::installed()
+        .with_tag(&format!("v{broken}"), crashing_etcd(bin.path())?);
+    let fleet = Fleet::with_images(
+        etcdfleet_tests::apiserver::ApiServer::management().await?,
+        NS,
+        &["a"],
+        images,
+    )
+    .await?;
+    let mut ctl = etcdfleet_tests::scenario::controller(&fleet);
+    create(&fleet, &cluster("etcd", "a", 3, &good.release)).await?;
+    converge_all(&fleet, &mut ctl, &["etcd"]).await?;
+    put(&fleet, "a", "etcd", 3, "before").await?;
+    let before = members_and_volumes(&fleet, "etcd").await?;
+    assert_eq!(before.len(), 3);
+
+    patch_spec(&fleet, "etcd", serde_json::json!({ "version": broken })).await?;
+    // Several failure graces (4 s in the test settings) of reconciles.
+    let mut steps = Vec::new();
+    let until = Instant::now() + Duration::from_secs(25);
+    while Instant::now() < until {
+        fleet.sync_all().await?;
+        if let Outcome::Acted(step) = ctl.reconcile(NS, "etcd").await? {
+            steps.push(step);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let destructive: Vec<&Step> = steps.iter().filter(|s| removes_or_deletes(s)).collect();
+    let restarts: Vec<&Step> = (steps.iter())
+        .filter(|s| matches!(s, Step::RestartMember { .. }))
+        .collect();
+    assert!(
+        destructive.is_empty(),
+        "destroyed: {destructive:?} in {steps:?}"
+    );
+    assert_eq!(restarts.len(), 1, "one member tried the version: {steps:?}");
+    assert_eq!(members_and_volumes(&fleet, "etcd").await?, before);
+    let cluster = get(&fleet, "etcd").await?;
+    let status = cluster.status.as_ref().context("status")?;
+    assert_eq!(status.replicas, 3, "three voters");
+    assert_eq!(status.ready_members, 2);
+    let held =
+        conditions::find(&status.conditions, conditions::PROGRESSING).context("Progressing")?;
+    let Step::RestartMember { ordinal, .. } = restarts[0] else {
+        unreachable!()
+    };
+    let pod = format!("etcd-etcd-{ordinal}");
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("False", "NeedsAttention"),
+        "{held:?}"
+    );
+    for words in [
+        format!("member {pod} cannot start on etcd {broken}"),
+        "exited with code 2 (Error)".to_string(),
+        format!("Set spec.version back to {}", good.release),
+    ] {
+        assert!(held.message.contains(&words), "{words}: {}", held.message);
+    }
+
+    // Back to the version its data ran: the member returns on its own data.
+    patch_spec(
+        &fleet,
+        "etcd",
+        serde_json::json!({ "version": good.release }),
+    )
+    .await?;
+    let log = converge_all(&fleet, &mut ctl, &["etcd"]).await?;
+    assert!(
+        !log.steps.iter().any(|(_, s)| removes_or_deletes(s)),
+        "{:?}",
+        log.steps
+    );
+    assert_eq!(members_and_volumes(&fleet, "etcd").await?, before);
+    assert_eq!(
+        get(&fleet, "etcd")
+            .await?
+            .status
+            .context("status")?
+            .ready_members,
+        3
+    );
+    read_everywhere(&fleet, "a", "etcd", 3, "before").await?;
+    Ok(())
+}

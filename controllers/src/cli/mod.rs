@@ -863,6 +863,7 @@ fn pods_and_volumes_from_status(
                     restart_count: 0,
                     deleting: false,
                     ready_means_etcd_healthy: true,
+                    last_exit: None,
                 },
             )
         })

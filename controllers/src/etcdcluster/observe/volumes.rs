@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
@@ -130,7 +130,30 @@ pub fn pod_observation(pod: &Pod) -> PodObservation {
             .and_then(|c| c.readiness_probe.as_ref())
             .and_then(|p| p.http_get.as_ref())
             .is_some_and(|g| g.path.as_deref().is_some_and(|p| p.starts_with("/health"))),
+        last_exit: container.and_then(last_exit),
     }
+}
+
+/// How the container last ended, if it ended since its pod started (a
+/// crash loop runs for a moment between its exits, so a running container
+/// reports its last exit too): its exit code, the kubelet's reason
+/// (`Error`, `OOMKilled`) and the first line of its termination message.
+/// No restart count: the sentence goes into a condition, which must not
+/// change on every restart.
+fn last_exit(c: &ContainerStatus) -> Option<String> {
+    let ended = (c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| c.last_state.as_ref()?.terminated.as_ref())?;
+    let mut why = format!("exited with code {}", ended.exit_code);
+    if let Some(reason) = ended.reason.as_deref().filter(|r| !r.is_empty()) {
+        why.push_str(&format!(" ({reason})"));
+    }
+    let message = ended.message.as_deref().and_then(|m| m.lines().next());
+    if let Some(line) = message.map(str::trim).filter(|l| !l.is_empty()) {
+        let line: String = line.chars().take(200).collect();
+        why.push_str(&format!(": {line}"));
+    }
+    Some(why)
 }
 
 /// A member volume as the planner sees it: which member's data, whose, and
@@ -144,5 +167,37 @@ pub fn pvc_observation(pvc: &PersistentVolumeClaim, owner: &String) -> PvcObserv
         owner_recorded: pvc.annotations().get(PVC_OWNER_ANNOTATION) == Some(owner),
         etcd_version: pvc.annotations().get(PVC_VERSION_ANNOTATION).cloned(),
         deleting: pvc.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(value: serde_json::Value) -> ContainerStatus {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_last_exit_of_a_crash_loop_is_read_while_waiting_and_while_running() {
+        let ended = serde_json::json!({
+            "terminated": {"exitCode": 2, "reason": "Error",
+                           "message": "panic: cannot start\ngoroutine 1"}
+        });
+        let waiting = status(serde_json::json!({
+            "name": "etcd", "image": "etcd:v3.5.99", "imageID": "", "ready": false,
+            "restartCount": 4, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": ended,
+        }));
+        let said = "exited with code 2 (Error): panic: cannot start";
+        assert_eq!(last_exit(&waiting).as_deref(), Some(said));
+        let mut running = waiting.clone();
+        running.state = Some(serde_json::from_value(serde_json::json!({"running": {}})).unwrap());
+        assert_eq!(last_exit(&running).as_deref(), Some(said));
+        let fresh = status(serde_json::json!({
+            "name": "etcd", "image": "etcd:v3.5.1", "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {}},
+        }));
+        assert_eq!(last_exit(&fresh), None);
     }
 }

@@ -48,6 +48,21 @@ impl<'a> Members<'a> {
             .map(|m| m.member.id)
     }
 
+    /// The pod at `ordinal` was made from another pod template than the
+    /// StatefulSet's. The template hash covers every input (flags,
+    /// resources, image, pod overrides); the image is compared only for
+    /// StatefulSets written before the hash was stamped. An admission
+    /// webhook that rewrites images (mirror, digest) changes no hash.
+    pub fn outdated(&self, ordinal: u32) -> bool {
+        self.obs
+            .pods
+            .get(&ordinal)
+            .is_some_and(|p| match &self.sts.template_hash {
+                Some(h) => p.template_hash.as_ref() != Some(h),
+                None => p.image != self.sts.image,
+            })
+    }
+
     /// A member as a person reads it: its pod's name, or its id when it is
     /// not at one of this cluster's ordinals.
     pub fn describe(&self, id: u64) -> String {

@@ -92,6 +92,12 @@ pub const RULES: &[(&str, Rule)] = &[
     // Membership repair.
     ("record new volumes", M(repair::record_new_volumes)),
     ("learner in flight", M(repair::learner_in_flight)),
+    // A member failing on a version its data never ran is kept: the
+    // version, not the data, is the cause.
+    (
+        "member that cannot start on a new version",
+        M(repair::cannot_start_on_new_version),
+    ),
     ("failed members", M(repair::failed_members)),
     ("stale storage", M(repair::stale_storage)),
     // Alarms before any change of size or version.

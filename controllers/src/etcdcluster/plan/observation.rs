@@ -37,6 +37,10 @@ pub struct PodObservation {
     /// The pod's readiness is etcd's own health check (its template has the
     /// readiness probe; pods of older templates are ready once running).
     pub ready_means_etcd_healthy: bool,
+    /// How the etcd container last ended, if it ended since the pod
+    /// started, as a person reads it ("exited with code 2 (Error)…").
+    /// `None` for a container that has run without ending.
+    pub last_exit: Option<String>,
 }
 
 /// One member PVC as observed.

@@ -72,6 +72,62 @@ pub(super) fn learner_in_flight(m: &Members) -> Option<Plan> {
     )))
 }
 
+/// Rule: a voter whose container exits on a version its data never ran (its
+/// pod's image names another version than the one its volume records) has
+/// failed on the version, not on its data: it is never removed and its
+/// volume never deleted. Once the StatefulSet's template moved on (the
+/// version set back), its pod is restarted onto it, which brings the member
+/// back on its own data; until then, past the failure grace, the cluster
+/// holds, naming the member, the version and how its container last ended.
+/// A member whose volume records the version it fails on (a wiped or
+/// corrupted data directory) or has no volume is left to
+/// [`failed_members`].
+pub(super) fn cannot_start_on_new_version(m: &Members) -> Option<Plan> {
+    let (obs, health) = (m.obs, m.health);
+    health.voters().filter(|mo| !mo.healthy).find_map(|mo| {
+        let id = mo.member.id;
+        let ordinal = m.ordinal_of(id)?;
+        let pod = obs.pods.get(&ordinal).filter(|p| !p.deleting)?;
+        let exit = pod.last_exit.as_ref()?;
+        let runs = etcdfleet_api::version::version_of_image(&pod.image)?.to_string();
+        let data = obs.pvcs.get(&ordinal)?.etcd_version.as_ref()?;
+        if &runs == data {
+            return None;
+        }
+        if m.outdated(ordinal) && !m.sts.template_seen {
+            return Some(Plan::Wait(format!(
+                "member {} cannot start on etcd {runs}; it is restarted onto the pod \
+                 template once the StatefulSet controller has seen it",
+                obs.names.pod(ordinal)
+            )));
+        }
+        if m.outdated(ordinal) {
+            return Some(match health.can_restart(id) {
+                Ok(()) | Err(crate::etcd::UnsafeReason::SingleMemberDowntime { .. }) => {
+                    Plan::Act(Step::RestartMember {
+                        ordinal,
+                        member_id: id,
+                    })
+                }
+                Err(why) => Plan::Wait(format!(
+                    "member {} cannot start on etcd {runs}; restarting it onto the pod \
+                     template waits: {why}",
+                    obs.names.pod(ordinal)
+                )),
+            });
+        }
+        obs.failed_members.contains(&id).then(|| {
+            Plan::Hold(format!(
+                "member {} cannot start on etcd {runs}: its container {exit}. Its data last \
+                 ran etcd {data} and is kept: the member is not replaced, since the new \
+                 version, not its data, fails. Set spec.version back to {data} to bring \
+                 it back on its own data",
+                obs.names.pod(ordinal)
+            ))
+        })
+    })
+}
+
 /// Rule: failed voters are removed. Only members this controller made
 /// (foreign ones are reported, never removed), and only when the workload
 /// cluster agrees: a member the controller cannot reach but whose pod passes
@@ -145,7 +201,7 @@ pub(super) fn delete_stale_storage(obs: &Observation, ordinal: u32) -> Plan {
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::super::tests::{converged, member, with_members};
+    use super::super::tests::{IMG, converged, member, with_members};
     use super::*;
 
     fn members(obs: &super::super::Observation) -> Members<'_> {
@@ -193,6 +249,103 @@ mod tests {
                 member_id: 102
             }))
         );
+    }
+
+    /// Ordinal 2 was restarted onto etcd 3.5.99 (the template) and its
+    /// container exits; its volume records 3.5.1; it failed long ago.
+    fn crashing_on_a_new_version() -> super::super::Observation {
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![
+                member(0, true, true, false),
+                member(1, true, false, false),
+                member(2, false, false, false),
+            ],
+        );
+        let sts = obs.statefulset.as_mut().unwrap();
+        sts.image = "etcd:v3.5.99".into();
+        sts.template_hash = Some("new".into());
+        for o in 0..3 {
+            obs.pods.get_mut(&o).unwrap().template_hash = Some("old".into());
+        }
+        let crashing = obs.pods.get_mut(&2).unwrap();
+        crashing.image = "etcd:v3.5.99".into();
+        crashing.template_hash = Some("new".into());
+        crashing.ready = false;
+        crashing.last_exit = Some("exited with code 2 (Error): bad binary".into());
+        obs.failed_members = BTreeSet::from([102]);
+        obs.failed_long_ago = BTreeSet::from([102]);
+        obs
+    }
+
+    #[test]
+    fn a_member_that_cannot_start_on_a_new_version_is_held_never_removed() {
+        let obs = crashing_on_a_new_version();
+        let plan = super::super::plan_next_step(&obs);
+        let Plan::Hold(why) = &plan else {
+            panic!("held, not {plan:?}")
+        };
+        for words in [
+            "c-etcd-2",
+            "etcd 3.5.99",
+            "exited with code 2 (Error): bad binary",
+            "set spec.version back to 3.5.1",
+        ] {
+            assert!(why.to_lowercase().contains(&words.to_lowercase()), "{why}");
+        }
+        // Within its failure grace the roll waits for it, as for any member.
+        let mut young = obs.clone();
+        young.failed_members.clear();
+        young.failed_long_ago.clear();
+        assert_eq!(cannot_start_on_new_version(&members(&young)), None);
+        assert!(matches!(
+            super::super::plan_next_step(&young),
+            Plan::Wait(_)
+        ));
+    }
+
+    #[test]
+    fn a_member_that_could_not_start_returns_on_its_data_once_the_template_moved_back() {
+        let mut obs = crashing_on_a_new_version();
+        // spec.version set back: the template is the old one again.
+        let sts = obs.statefulset.as_mut().unwrap();
+        sts.image = IMG.into();
+        sts.template_hash = Some("old".into());
+        assert_eq!(
+            super::super::plan_next_step(&obs),
+            Plan::Act(Step::RestartMember {
+                ordinal: 2,
+                member_id: 102
+            })
+        );
+        // Not before the StatefulSet controller saw that template; and it
+        // is not removed meanwhile.
+        obs.statefulset.as_mut().unwrap().template_seen = false;
+        let plan = cannot_start_on_new_version(&members(&obs));
+        assert!(
+            matches!(&plan, Some(Plan::Wait(why)) if why.contains("StatefulSet controller")),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn a_member_failing_on_the_version_its_data_ran_is_left_to_replacement() {
+        // A wiped or corrupted data directory: the volume records the version
+        // the member fails on, so the failed-member rule replaces it.
+        let mut obs = crashing_on_a_new_version();
+        obs.pvcs.get_mut(&2).unwrap().etcd_version = Some("3.5.99".into());
+        assert_eq!(cannot_start_on_new_version(&members(&obs)), None);
+        assert!(matches!(
+            failed_members(&members(&obs)),
+            Some(Plan::Act(Step::RemoveMember { member_id: 102, .. }))
+        ));
+        // So is a member with no volume left, or one that never exited.
+        let mut gone = crashing_on_a_new_version();
+        gone.pvcs.remove(&2);
+        assert_eq!(cannot_start_on_new_version(&members(&gone)), None);
+        let mut stuck = crashing_on_a_new_version();
+        stuck.pods.get_mut(&2).unwrap().last_exit = None;
+        assert_eq!(cannot_start_on_new_version(&members(&stuck)), None);
     }
 
     #[test]

@@ -5,20 +5,15 @@
 use super::members::Members;
 use super::step::{Plan, Step};
 
-/// Rule: roll members onto the StatefulSet's pod template. The template hash
-/// covers every input (flags, resources, image, pod overrides); the image is
-/// compared only for StatefulSets written before the hash was stamped. An
-/// admission webhook that rewrites images (mirror, digest) changes no hash.
+/// Rule: roll members onto the StatefulSet's pod template (see
+/// [`Members::outdated`]).
 pub(super) fn roll_members(m: &Members) -> Option<Plan> {
     let (obs, sts, health) = (m.obs, m.sts, m.health);
     let outdated: Vec<(u32, u64)> = obs
         .pods
-        .iter()
-        .filter(|(_, p)| match &sts.template_hash {
-            Some(h) => p.template_hash.as_ref() != Some(h),
-            None => p.image != sts.image,
-        })
-        .filter_map(|(o, _)| m.member_at(*o).map(|id| (*o, id)))
+        .keys()
+        .filter(|o| m.outdated(**o))
+        .filter_map(|o| m.member_at(*o).map(|id| (*o, id)))
         .collect();
     if outdated.is_empty() {
         return None;

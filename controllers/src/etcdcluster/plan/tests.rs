@@ -59,6 +59,7 @@ pub(super) fn pod(image: &str) -> PodObservation {
         restart_count: 0,
         deleting: false,
         ready_means_etcd_healthy: false,
+        last_exit: None,
     }
 }
 

@@ -370,6 +370,7 @@ mod fixtures {
             restart_count: 0,
             deleting: false,
             ready_means_etcd_healthy: false,
+            last_exit: None,
         };
         let pvc = |o: u32| PvcObservation {
             member_id: Some(100 + u64::from(o)),
