@@ -50,6 +50,9 @@ pub struct Access {
     /// Clusters this controller may touch; `None` owns all. The watch is
     /// filtered too; this is the defence in depth.
     pub owner_filter: Option<OwnerFilter>,
+    /// The process's shutdown request: a reconcile that has not acted yet
+    /// ends when it comes (never requested outside `etcdfleet run`).
+    pub shutdown: crate::shutdown::Shutdown,
 }
 
 impl Access {
@@ -76,6 +79,7 @@ impl Access {
             metrics,
             recorder,
             owner_filter: None,
+            shutdown: Default::default(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod render;
 pub mod restore;
 pub mod rollout;
 pub mod runner;
+pub mod shutdown;
 pub mod snapshot;
 pub mod store;
 pub mod telemetry;

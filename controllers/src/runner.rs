@@ -10,7 +10,6 @@
 //! - readiness and liveness follow what the process actually did (see
 //!   `crate::http`).
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -23,7 +22,6 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use tokio::sync::watch;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::ControllerConfig;
@@ -33,6 +31,7 @@ use crate::http::{Health, serve_http};
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
 use crate::rollout;
+pub use crate::shutdown::Shutdown;
 
 /// How long one attempt to reach the API server may take before it counts as
 /// failed (a server that accepts and never answers must not stall start-up).
@@ -41,48 +40,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Exit code after a second signal (128 + SIGTERM), as a shell reports it.
 const EXIT_FORCED: i32 = 143;
-
-/// The process-wide shutdown request: set once, observed by every wait.
-#[derive(Clone)]
-pub struct Shutdown {
-    tx: Arc<watch::Sender<bool>>,
-}
-
-impl Default for Shutdown {
-    fn default() -> Self {
-        Shutdown {
-            tx: Arc::new(watch::channel(false).0),
-        }
-    }
-}
-
-impl Shutdown {
-    pub fn request(&self) {
-        self.tx.send_replace(true);
-    }
-
-    pub fn is_requested(&self) -> bool {
-        *self.tx.borrow()
-    }
-
-    /// Resolves once shutdown is requested (at once if it already was).
-    pub fn wait(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
-        let mut rx = self.tx.subscribe();
-        async move {
-            // The sender lives as long as any `Shutdown`; an error means it is
-            // gone, which can only happen when the process is ending anyway.
-            let _ = rx.wait_for(|stop| *stop).await;
-        }
-    }
-
-    /// Runs `fut` unless shutdown comes first (`None`).
-    pub async fn race<F: Future>(&self, fut: F) -> Option<F::Output> {
-        tokio::select! {
-            out = fut => Some(out),
-            () = self.wait() => None,
-        }
-    }
-}
 
 /// Where the management cluster's client configuration comes from.
 #[derive(Debug, Clone, Default)]
@@ -291,7 +248,7 @@ async fn run_until_stopped(
     info!("first list of EtcdClusters succeeded; ready");
 
     let elector = lead(&config, &client, &server, &health, &shutdown).await?;
-    let ctx = reconciler_context(&config, client, metrics);
+    let ctx = reconciler_context(&config, client, metrics, &shutdown);
     let loops = start_controllers(apis, &config, ctx, &server, &shutdown);
     info!("controller running");
     Ok(wait_and_drain(loops, &shutdown, &health, grace, elector.as_deref()).await)
@@ -383,6 +340,7 @@ fn reconciler_context(
     config: &ControllerConfig,
     client: Client,
     metrics: Arc<Metrics>,
+    shutdown: &Shutdown,
 ) -> Arc<Context> {
     let connector = WorkloadClusterConnector::new(
         client.clone(),
@@ -398,7 +356,8 @@ fn reconciler_context(
             ReconcilerSettings::from_config(config),
             metrics.clone(),
         )
-        .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c))),
+        .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c)))
+        .with_shutdown(shutdown.clone()),
     );
     tokio::spawn({
         let ctx = ctx.clone();

@@ -539,6 +539,10 @@ impl<'a, W: Write> Demo<'a, W> {
                         all_converged = false;
                         "deleted".to_string()
                     }
+                    Ok(Outcome::Stopped) => {
+                        all_converged = false;
+                        "stopped".to_string()
+                    }
                     Err(e) => {
                         all_converged = false;
                         self.errors.push(format!("{name}: {e}"));

@@ -298,8 +298,9 @@ fn hanging_workload() -> (SilentServer, String) {
     (silent, config)
 }
 
-// A reconcile of `shop` may hang on the workload API when SIGTERM comes: a
-// short grace keeps the exit within `EXIT_WITHIN`.
+// A reconcile of `shop` may hang on the workload API when SIGTERM comes:
+// it has taken no step, so it ends at once, whatever the grace (the
+// default, 10 s, here).
 const ELECTION: &[&str] = &[
     "--leader-elect",
     "true",
@@ -307,9 +308,60 @@ const ELECTION: &[&str] = &[
     "etcdfleet-system",
     "--lease-duration-seconds",
     "3",
-    "--shutdown-grace-seconds",
-    "2",
 ];
+
+/// A workload API that answers reads and never a write of the controller:
+/// a reconcile of `shop` gets stuck in its first step.
+struct StuckWrites {
+    api: ApiServer,
+    kubeconfig: String,
+    ops: OpRecorder,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl StuckWrites {
+    fn start() -> StuckWrites {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let api = rt
+            .block_on(ApiServer::workload("stuck"))
+            .expect("workload API server starts");
+        let user = etcdfleet_tests::fleet::WORKLOAD_USER;
+        api.set_hanging_writes(user, true);
+        let ops = OpRecorder::default();
+        api.set_recorder(ops.clone());
+        let kubeconfig = api.kubeconfig(&api.issue_token(user));
+        StuckWrites {
+            api,
+            kubeconfig,
+            ops,
+            _rt: rt,
+        }
+    }
+
+    /// Waits until the controller has sent its first workload write (which
+    /// never returns): a reconcile is then stuck in its step.
+    fn wait_for_a_stuck_write(&self, p: &ControllerProcess) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self
+            .ops
+            .ops()
+            .iter()
+            .any(|op| !op.verb.starts_with("get") && op.verb != "list" && op.verb != "watch")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no workload write was tried:\n{}",
+                p.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = &self.api;
+    }
+}
 
 #[test]
 fn readyz_turns_ready_only_after_the_first_list_succeeds() {
@@ -319,10 +371,9 @@ fn readyz_turns_ready_only_after_the_first_list_succeeds() {
     // The API answers 503 to the controller until the test lifts the outage.
     world.api.set_unavailable(CONTROLLER_USER, true);
     // The world's cluster lives in a workload API that never answers: a
-    // reconcile of it may be in flight when the test stops the process, and
-    // the drain waits for it up to the grace period (its own test is
-    // sigterm_bounds_the_drain_of_a_stuck_reconcile_by_the_grace_period).
-    let mut p = ControllerProcess::start("readiness", &config, &["--shutdown-grace-seconds", "2"]);
+    // reconcile of it may be reading when the test stops the process; it
+    // has taken no step and ends at once.
+    let mut p = ControllerProcess::start("readiness", &config, &[]);
     p.wait_for_log(
         "cannot reach the management API server",
         Duration::from_secs(20),
@@ -409,16 +460,42 @@ fn two_replicas_only_the_leader_writes_and_the_standby_takes_over_after_sigkill(
 }
 
 #[test]
-fn sigterm_bounds_the_drain_of_a_stuck_reconcile_by_the_grace_period() {
+fn sigterm_ends_a_reconcile_stuck_reading_a_workload_cluster_at_once() {
     let (_silent, workload) = hanging_workload();
     let world = World::start(&workload);
+    let (config, _) = world.controller_kubeconfig();
+    // The default grace (10 s) and the workload client's timeouts (5 s to
+    // connect, 20 s to read) are far longer than the exit may take.
+    let mut p = ControllerProcess::start("stuck-read", &config, &[]);
+    p.wait_for_status("/readyz", 200, Duration::from_secs(20));
+    // The reconcile of `shop` is now waiting to connect to the workload API.
+    std::thread::sleep(Duration::from_secs(1));
+    let sent = Instant::now();
+    p.signal(libc::SIGTERM);
+    let status = p
+        .wait_exit(Duration::from_secs(2))
+        .unwrap_or_else(|| panic!("still running 2 s after SIGTERM:\n{}", p.log()));
+    assert!(status.success(), "{status}:\n{}", p.log());
+    assert!(
+        !p.log().contains("did not finish within the grace period"),
+        "{}",
+        p.log()
+    );
+    eprintln!("stuck-read: exited {:?} after SIGTERM", sent.elapsed());
+    drop(world);
+}
+
+#[test]
+fn sigterm_bounds_the_drain_of_a_stuck_reconcile_by_the_grace_period() {
+    let stuck = StuckWrites::start();
+    let world = World::start(&stuck.kubeconfig);
     let (config, _) = world.controller_kubeconfig();
     let mut p =
         ControllerProcess::start("stuck-drain", &config, &["--shutdown-grace-seconds", "2"]);
     p.wait_for_status("/readyz", 200, Duration::from_secs(20));
-    // The reconcile of `shop` is now waiting on the workload API that never
-    // answers (20 s read timeout); SIGTERM must not wait for it.
-    std::thread::sleep(Duration::from_secs(1));
+    // The reconcile of `shop` took its first step, whose workload write
+    // never returns; the drain waits for it, but not past the grace.
+    stuck.wait_for_a_stuck_write(&p);
     let sent = Instant::now();
     p.signal(libc::SIGTERM);
     let status = p
@@ -439,8 +516,8 @@ fn sigterm_bounds_the_drain_of_a_stuck_reconcile_by_the_grace_period() {
 
 #[test]
 fn a_second_sigterm_exits_at_once_while_reconciles_drain() {
-    let (_silent, workload) = hanging_workload();
-    let world = World::start(&workload);
+    let stuck = StuckWrites::start();
+    let world = World::start(&stuck.kubeconfig);
     let (config, _) = world.controller_kubeconfig();
     let mut p = ControllerProcess::start(
         "second-signal",
@@ -448,10 +525,10 @@ fn a_second_sigterm_exits_at_once_while_reconciles_drain() {
         &["--shutdown-grace-seconds", "60"],
     );
     p.wait_for_status("/readyz", 200, Duration::from_secs(20));
-    std::thread::sleep(Duration::from_secs(1));
+    stuck.wait_for_a_stuck_write(&p);
     p.signal(libc::SIGTERM);
     p.wait_for_log("shutdown requested", Duration::from_secs(5));
-    // Draining the stuck reconcile could take its 20 s read timeout.
+    // Draining the step stuck in its write could take its 20 s read timeout.
     assert!(
         p.wait_exit(Duration::from_millis(500)).is_none(),
         "{}",

@@ -126,6 +126,12 @@ impl Context {
         }
     }
 
+    /// Ends reconciles that have not acted yet when `shutdown` is requested.
+    pub fn with_shutdown(mut self, shutdown: crate::shutdown::Shutdown) -> Self {
+        self.access.shutdown = shutdown;
+        self
+    }
+
     /// Restricts the reconciler to the clusters `owns` accepts.
     pub fn with_owner_filter(mut self, owns: OwnerFilter) -> Self {
         self.access.owner_filter = Some(owns);
@@ -222,6 +228,9 @@ pub enum Outcome {
     Blocked(String),
     /// Deletion finished (the finalizer was removed).
     Deleted,
+    /// The controller began to stop before this reconcile acted: it ended
+    /// there, having taken no step (the next controller starts over).
+    Stopped,
 }
 
 impl Outcome {
@@ -230,7 +239,11 @@ impl Outcome {
     pub fn is_at_rest(&self) -> bool {
         matches!(
             self,
-            Outcome::Converged | Outcome::Paused(_) | Outcome::Blocked(_) | Outcome::Deleted
+            Outcome::Converged
+                | Outcome::Paused(_)
+                | Outcome::Blocked(_)
+                | Outcome::Deleted
+                | Outcome::Stopped
         )
     }
 
@@ -244,6 +257,7 @@ impl Outcome {
             Outcome::Paused(_) => "paused",
             Outcome::Blocked(_) => "blocked",
             Outcome::Deleted => "deleted",
+            Outcome::Stopped => "stopped",
         }
     }
 }

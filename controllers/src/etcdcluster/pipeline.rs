@@ -179,9 +179,10 @@ macro_rules! next {
 
 async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> Result<Outcome> {
     let mut run = next!(Run::admit(cluster, ctx, key).await?);
-    let mut resolved = next!(run.resolve().await?);
-    let connected = next!(run.connect(&resolved).await?);
-    let observed = next!(run.observe(&mut resolved, &connected).await?);
+    let mut resolved = next!(unless_stopping(ctx, Box::pin(run.resolve())).await?);
+    let connected = next!(unless_stopping(ctx, Box::pin(run.connect(&resolved))).await?);
+    let observing = Box::pin(run.observe(&mut resolved, &connected));
+    let observed = next!(unless_stopping(ctx, observing).await?);
     let plan = next!(run.plan(&observed).await?);
     let acted = run.act(plan, &connected, &resolved, &observed).await;
     observed
@@ -189,6 +190,24 @@ async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> 
         .await;
     let outcome = next!(acted?);
     run.report(outcome).await
+}
+
+/// A stage before the act, unless the controller starts to stop first: a
+/// reconcile that has taken no step yet ends at once (`Outcome::Stopped`),
+/// rather than holding the process's exit behind a read of a slow workload
+/// cluster. What it leaves half done is what a crash would, and every
+/// stage tolerates that. A step once begun is finished (within the
+/// shutdown grace).
+/// (Boxed: the stages' futures are large, and a debug build would carry
+/// each one several times on the polling thread's stack.)
+async fn unless_stopping<T>(
+    ctx: &Context,
+    stage: std::pin::Pin<Box<impl std::future::Future<Output = Result<Stage<T>>>>>,
+) -> Result<Stage<T>> {
+    match ctx.shutdown.race(stage).await {
+        Some(result) => result,
+        None => Ok(Stage::Done(Outcome::Stopped)),
+    }
 }
 
 /// One reconcile in progress: the cluster, the status being built, and what

@@ -134,7 +134,7 @@ pub fn requeue_for(
     cluster: &EtcdCluster,
 ) -> Action {
     match outcome {
-        Outcome::Deleted => Action::await_change(),
+        Outcome::Deleted | Outcome::Stopped => Action::await_change(),
         Outcome::Acted(_) => Action::requeue(Duration::from_millis(200)),
         Outcome::Waiting(_) => Action::requeue(settings.requeue_progress),
         Outcome::Converged | Outcome::Paused(_) | Outcome::Blocked(_) | Outcome::Held(_) => {

@@ -69,6 +69,8 @@ pub(crate) struct Inner {
     rbac: Mutex<Rbac>,
     tokens: Mutex<BTreeMap<String, String>>,
     unavailable: Mutex<BTreeSet<String>>,
+    /// Users whose writes are never answered (a server that hangs).
+    hanging_writes: Mutex<BTreeSet<String>>,
     recorder: Mutex<Option<OpRecorder>>,
     portforward: Mutex<Option<UpgradeHandler>>,
     /// Every request RBAC refused (403), as `user: verb resource ...`.
@@ -207,6 +209,11 @@ impl Inner {
     ) -> http::Response<ResponseBody> {
         let rejected = self.unavailable_for(user);
         self.record(user, parts, &bytes, rejected);
+        if parts.method != http::Method::GET
+            && self.hanging_writes.lock().expect("lock").contains(user)
+        {
+            return std::future::pending().await;
+        }
         if rejected {
             return error_response(status(
                 503,
@@ -558,6 +565,7 @@ impl ApiServer {
             rbac: Mutex::new(rbac),
             tokens: Mutex::new(BTreeMap::new()),
             unavailable: Mutex::new(BTreeSet::new()),
+            hanging_writes: Mutex::new(BTreeSet::new()),
             recorder: Mutex::new(None),
             portforward: Mutex::new(None),
             denied: Mutex::new(Vec::new()),
@@ -684,6 +692,17 @@ current-context: {name}
     pub fn set_unavailable(&self, user: &str, unavailable: bool) {
         let mut set = self.inner.unavailable.lock().expect("lock");
         if unavailable {
+            set.insert(user.to_string());
+        } else {
+            set.remove(user);
+        }
+    }
+
+    /// Makes every write of `user` hang: the request is read and recorded,
+    /// and never answered (its reads are served as usual).
+    pub fn set_hanging_writes(&self, user: &str, hanging: bool) {
+        let mut set = self.inner.hanging_writes.lock().expect("lock");
+        if hanging {
             set.insert(user.to_string());
         } else {
             set.remove(user);
