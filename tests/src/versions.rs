@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::EtcdCluster;
-use etcdfleet_controllers::etcd::MemberStatus;
+use etcdfleet_controllers::etcd::{MemberClient, MemberStatus};
 use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_controllers::version_flags::version_flags;
 use k8s_openapi::api::core::v1::Pod;
@@ -37,6 +37,8 @@ pub struct RollReport {
     pub min_ready: i32,
     /// From the spec edit to convergence.
     pub took: Duration,
+    /// The roll as etcd and the pods showed it.
+    pub timeline: RollTimeline,
 }
 
 impl RollReport {
@@ -66,14 +68,179 @@ impl RollReport {
             })
             .collect()
     }
+}
 
-    /// Whether leadership was moved before a member was restarted.
-    pub fn moved_leadership(&self) -> bool {
-        self.log
-            .steps
-            .iter()
-            .any(|(_, s)| matches!(s, Step::MoveLeader { .. }))
+/// One look at a roll from outside the controller: the member etcd reports
+/// as leader, and each member pod's UID (`None` while it is deleting or
+/// gone).
+#[derive(Debug, Clone)]
+pub struct RollSample {
+    pub leader: Option<String>,
+    pub pods: BTreeMap<String, Option<String>>,
+}
+
+/// A roll as etcd and the pods showed it, sampled every 50 ms by
+/// [`RollWatch`]: never from the controller's own step log.
+#[derive(Debug, Clone)]
+pub struct RollTimeline {
+    pub samples: Vec<RollSample>,
+}
+
+impl RollTimeline {
+    /// Each member pod in the order it was restarted (its UID changed, or
+    /// it was deleting or gone), with the leader etcd reported at the last
+    /// sample before (`None`: no member answered with a leader then).
+    pub fn restarts(&self) -> Vec<(String, Option<String>)> {
+        let Some(first) = self.samples.first() else {
+            return vec![];
+        };
+        let mut order = Vec::new();
+        for (i, sample) in self.samples.iter().enumerate().skip(1) {
+            for (pod, uid) in &first.pods {
+                let moved = sample.pods.get(pod).cloned().flatten() != *uid;
+                if moved && !order.iter().any(|(p, _)| p == pod) {
+                    let before = self.samples[..i]
+                        .iter()
+                        .rev()
+                        .find_map(|s| s.leader.clone());
+                    order.push((pod.clone(), before));
+                }
+            }
+        }
+        order
     }
+
+    /// Leader last, as etcd and the pods saw it: every member pod was
+    /// restarted once, none while etcd reported it leader, and the member
+    /// leading when the roll started was restarted last, after leadership
+    /// had left it.
+    pub fn assert_leader_last(&self) -> Result<()> {
+        let first = self.samples.first().context("no sample")?;
+        let leader = first
+            .leader
+            .clone()
+            .context("no leader when the roll started")?;
+        let restarts = self.restarts();
+        let pods: Vec<&String> = restarts.iter().map(|(p, _)| p).collect();
+        ensure!(
+            pods.len() == first.pods.len(),
+            "each member pod restarted once: {restarts:?} of {:?}",
+            first.pods.keys()
+        );
+        for (pod, led_by) in &restarts {
+            ensure!(
+                led_by.as_ref() != Some(pod),
+                "{pod} was restarted while etcd reported it leader: {restarts:?}"
+            );
+            ensure!(
+                led_by.is_some(),
+                "no leader was known before {pod}'s restart"
+            );
+        }
+        ensure!(
+            pods.last() == Some(&&leader),
+            "{leader} led when the roll started and was not restarted last: {restarts:?}; \
+             leaders seen: {:?}",
+            self.leaders()
+        );
+        Ok(())
+    }
+
+    /// The leaders etcd reported, in order, each once per change.
+    pub fn leaders(&self) -> Vec<String> {
+        let mut seen: Vec<String> = Vec::new();
+        for l in self.samples.iter().filter_map(|s| s.leader.clone()) {
+            if seen.last() != Some(&l) {
+                seen.push(l);
+            }
+        }
+        seen
+    }
+}
+
+/// Samples a roll of `name` every 50 ms from outside the controller: the
+/// leader from each member's own status, the member pods' UIDs from the
+/// workload API. Members are named by their pods (member `i` answers at
+/// the client URL of ordinal `i`).
+pub struct RollWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Result<RollTimeline>>,
+}
+
+impl RollWatch {
+    /// Starts watching `members` members of `name`; the first sample is
+    /// taken before this returns.
+    pub async fn start(fleet: &Fleet, workload: &str, name: &str, members: u32) -> Result<Self> {
+        let (endpoints, config) = etcd_of(fleet, workload, name, members).await?;
+        let names = etcdfleet_controllers::render::Names::new(name, WORKLOAD_NS);
+        let pods: Api<Pod> = Api::namespaced(fleet.workload_client(workload), WORKLOAD_NS);
+        let mut by_id = BTreeMap::new();
+        let mut clients = Vec::new();
+        for (ordinal, endpoint) in endpoints.iter().enumerate() {
+            let client = MemberClient::connect(endpoint, &config).await?;
+            let status = client.status().await?;
+            by_id.insert(status.member_id, names.pod(ordinal as u32));
+            clients.push(client);
+        }
+        let pod_names: Vec<String> = (0..members).map(|o| names.pod(o)).collect();
+        let first = sample(&clients, &by_id, &pods, &pod_names).await?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut samples = vec![first];
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    samples.push(sample(&clients, &by_id, &pods, &pod_names).await?);
+                }
+                Ok(RollTimeline { samples })
+            }
+        });
+        Ok(RollWatch { stop, task })
+    }
+
+    pub async fn stop(self) -> Result<RollTimeline> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await?
+    }
+}
+
+/// One [`RollSample`]: a member that does not answer within 300 ms names
+/// no leader.
+async fn sample(
+    clients: &[MemberClient],
+    by_id: &BTreeMap<u64, String>,
+    pods: &Api<Pod>,
+    names: &[String],
+) -> Result<RollSample> {
+    let mut leader = None;
+    for client in clients {
+        let answer = tokio::time::timeout(Duration::from_millis(300), client.status()).await;
+        if let Ok(Ok(status)) = answer
+            && status.leader != 0
+        {
+            leader = Some(
+                by_id
+                    .get(&status.leader)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{:x}", status.leader)),
+            );
+            break;
+        }
+    }
+    let listed = pods.list(&ListParams::default()).await?.items;
+    let pods = names
+        .iter()
+        .map(|n| {
+            let uid = listed
+                .iter()
+                .find(|p| p.metadata.name.as_ref() == Some(n))
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .and_then(|p| p.metadata.uid.clone());
+            (n.clone(), uid)
+        })
+        .collect();
+    Ok(RollSample { leader, pods })
 }
 
 /// The release a pod's image tag names (`…:v3.6.16` → `3.6.16`).
@@ -157,6 +324,7 @@ pub async fn roll_under_a_writer(
     let writer = AckedWriter::start(endpoints.clone(), config.clone(), &prefix).await?;
     // Let the writer reach its pace before the roll starts.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let watch = RollWatch::start(fleet, workload, name, 3).await?;
     let started = Instant::now();
     patch_spec(fleet, name, serde_json::json!({ "version": to })).await?;
     let min_ready = Arc::new(AtomicI32::new(3));
@@ -183,6 +351,7 @@ pub async fn roll_under_a_writer(
     )
     .await?;
     let took = started.elapsed();
+    let timeline = watch.stop().await?;
     let report = writer.stop().await?;
     let verified = verify_acknowledged(&report, &endpoints, &config, &prefix).await?;
     Ok(RollReport {
@@ -191,6 +360,7 @@ pub async fn roll_under_a_writer(
         failed: report.failed,
         min_ready: min_ready.load(Ordering::SeqCst),
         took,
+        timeline,
     })
 }
 
