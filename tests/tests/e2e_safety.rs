@@ -1309,3 +1309,86 @@ async fn a_member_that_cannot_start_on_a_new_version_keeps_its_volume_and_voter_
     read_everywhere(&fleet, "a", "etcd", 3, "before").await?;
     Ok(())
 }
+
+/// A member's failure grace is judged from the live EtcdCluster, never
+/// from a copy the watch delivered late: a copy that still says a member
+/// has been unhealthy for ten minutes, when the live status says it went
+/// down a moment ago, removes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_copy_never_removes_a_member_before_its_failure_grace_on_the_live_object()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let settings = etcdcluster::ReconcilerSettings {
+        member_failure_grace: Duration::from_secs(120),
+        ..fast_settings()
+    };
+    let mut ctl = etcdfleet_tests::scenario::controller_with(&fleet, settings);
+    create(&fleet, &cluster("etcd-a", "a", 3, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let healthy_copy = get(&fleet, "etcd-a").await?;
+    let ids = |c: &EtcdCluster| -> Vec<Option<String>> {
+        c.status
+            .iter()
+            .flat_map(|s| &s.members)
+            .map(|m| m.id.clone())
+            .collect()
+    };
+    let members_before = ids(&healthy_copy);
+    assert!(
+        healthy_copy
+            .status
+            .iter()
+            .flat_map(|s| &s.members)
+            .any(|m| m.name == "etcd-a-etcd-1" && !m.leader),
+        "etcd-a-etcd-1 is a follower"
+    );
+    fleet
+        .runtime("a")
+        .wipe_pvc(WORKLOAD_NS, "data-etcd-a-etcd-1")
+        .await?;
+    // The live status records the member unhealthy since now.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let live = loop {
+        fleet.sync_all().await?;
+        ctl.reconcile(NS, "etcd-a").await?;
+        let live = get(&fleet, "etcd-a").await?;
+        let since = (live.status.iter().flat_map(|s| &s.members))
+            .find(|m| m.name == "etcd-a-etcd-1")
+            .and_then(|m| m.unhealthy_since.clone());
+        if since.is_some() {
+            break live;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the member never turned unhealthy"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // A copy from before: the member unhealthy for ten minutes (it had
+    // recovered since, and failed again a moment ago), its resourceVersion
+    // older than the live object's.
+    let mut stale = live.clone();
+    stale.metadata.resource_version = healthy_copy.metadata.resource_version.clone();
+    let long_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(600);
+    for m in stale.status.iter_mut().flat_map(|s| s.members.iter_mut()) {
+        if m.name == "etcd-a-etcd-1" {
+            m.unhealthy_since = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                long_ago,
+            ));
+        }
+    }
+    let result = etcdcluster::reconcile_cluster(&stale, &ctl.ctx).await;
+    assert!(
+        !matches!(result, Ok(Outcome::Acted(Step::RemoveMember { .. }))),
+        "removed on a stale copy: {result:?}"
+    );
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let client = ClusterClient::connect(&endpoints[..1], &config).await?;
+    assert_eq!(client.list_members().await?.len(), 3, "{result:?}");
+    assert_eq!(ids(&get(&fleet, "etcd-a").await?), members_before);
+    Ok(())
+}

@@ -126,3 +126,64 @@ async fn real_safety_identity_edits_are_refused_by_the_api_server() -> Result<()
     assert_eq!(ctl.reconcile(NS, "etcd").await?, Outcome::Converged);
     Ok(())
 }
+
+/// The PodDisruptionBudget the controller renders (`maxUnavailable: 1`)
+/// holds on a real API server with the real disruption controller: while
+/// one member is down after an eviction, the Eviction API refuses a second
+/// member's (429), so a node drain never takes two members at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_safety_a_second_member_eviction_is_refused_by_the_pdb_while_one_is_down() -> Result<()>
+{
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let Some(world) = installed_world(&["w1"]).await? else {
+        return Ok(());
+    };
+    let mut ctl = world.controller().await?;
+    world.apply(&cluster_yaml("shop", "w1", 3, "3.5.1"))?;
+    converge_real(&mut ctl, &["shop"]).await?;
+    wait_available(&world, "shop")?;
+    put(&world, "w1", "shop", 3, "before-the-drain").await?;
+    let workload = world.workload("w1").admin_client().await?;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(workload.clone(), WORKLOAD_NS);
+    // The disruption controller has counted the three ready members.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let pdb = pdbs.get("shop-etcd").await?;
+        let status = pdb.status.clone().context("PDB status")?;
+        if status.disruptions_allowed == 1
+            && status.current_healthy == 3
+            && status.observed_generation >= pdb.metadata.generation
+        {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the disruption controller never allowed one disruption: {status:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), WORKLOAD_NS);
+    let evict = kube::api::EvictParams::default();
+    pods.evict("shop-etcd-0", &evict)
+        .await
+        .context("the first eviction is allowed")?;
+    let refused = pods.evict("shop-etcd-1", &evict).await;
+    match &refused {
+        Err(kube::Error::Api(s)) if s.code == 429 => {
+            assert!(s.message.contains("disruption budget"), "{s:?}")
+        }
+        other => bail!("a second eviction while one member is down: {other:?}"),
+    }
+    let second = pods.get("shop-etcd-1").await?;
+    assert!(
+        second.metadata.deletion_timestamp.is_none(),
+        "shop-etcd-1 stays"
+    );
+    // The evicted member comes back on its own volume; the cluster and its
+    // data are whole.
+    converge_real(&mut ctl, &["shop"]).await?;
+    wait_available(&world, "shop")?;
+    read_everywhere(&world, "w1", "shop", 3, "before-the-drain").await?;
+    Ok(())
+}
