@@ -106,7 +106,7 @@ fn controller_writes(world: &KubeWorld) -> Result<Vec<String>> {
 
 /// The `Adopted` condition's reason and message.
 async fn adopted(world: &KubeWorld) -> Result<(String, String, String)> {
-    let status = get(world, NAME).await?.status.unwrap_or_default();
+    let status = get(world, NAME).await?.status.context("no status")?;
     let c = conditions::find(&status.conditions, ADOPTED).context("no Adopted condition")?;
     Ok((c.status.clone(), c.reason.clone(), c.message.clone()))
 }

@@ -126,10 +126,43 @@ async fn real_lifecycle_create_and_scale_1_3_5_3_through_the_scale_subresource()
         &status.conditions,
         conditions::AVAILABLE
     ));
-    // The printer columns a person reads.
+    // The printer columns a person reads, each under its header.
     let table = world.kubectl(&["get", "etcdclusters", "-n", NS])?;
-    assert!(table.contains("shop") && table.contains("3.5.1"), "{table}");
+    let row = printer_row(&table, "shop")?;
+    for (column, want) in [
+        ("NAME", "shop"),
+        ("REPLICAS", "3"),
+        ("READY", "3"),
+        ("VERSION", "3.5.1"),
+        ("AVAILABLE", "True"),
+    ] {
+        assert_eq!(
+            row.get(column).map(String::as_str),
+            Some(want),
+            "{column}:\n{table}"
+        );
+    }
     Ok(())
+}
+
+/// The row of `name` in `kubectl get`'s table, by column header.
+fn printer_row(table: &str, name: &str) -> Result<std::collections::BTreeMap<String, String>> {
+    let mut lines = table.lines();
+    let headers: Vec<&str> = lines
+        .next()
+        .context("no header")?
+        .split_whitespace()
+        .collect();
+    let cells: Vec<&str> = lines
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.first() == Some(&name))
+        .with_context(|| format!("no row {name}:\n{table}"))?;
+    anyhow::ensure!(cells.len() == headers.len(), "a cell per column:\n{table}");
+    Ok(headers
+        .iter()
+        .zip(cells)
+        .map(|(h, c)| (h.to_string(), c.to_string()))
+        .collect())
 }
 
 /// The member id of `ordinal` as the status reports it.

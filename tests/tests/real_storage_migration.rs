@@ -350,7 +350,11 @@ async fn real_storage_migration_keeps_every_object_and_a_v1beta1_only_build_star
         writes.is_empty(),
         "workload writes after the migration: {writes:#?}"
     );
-    let metrics = p.get("/metrics").map(|(_, body)| body).unwrap_or_default();
+    let metrics = p.wait_for_status("/metrics", 200, Duration::from_secs(10));
+    ensure!(
+        metrics.contains("etcdfleet_reconciles_total"),
+        "/metrics answered without the controller's metrics:\n{metrics}"
+    );
     ensure!(
         !metrics
             .lines()
