@@ -2,7 +2,8 @@
 //! stage overlay, with `kubectl apply --server-side -k`; the controller runs
 //! as the shipped Deployment (its image mapped to this build's binary by the
 //! process kubelet, its ServiceAccount token mounted, its ConfigMap as its
-//! config file) and converges a cluster in a workload cluster.
+//! config file) and converges a cluster in a workload cluster. And the
+//! README's install section, run verbatim on an empty management cluster.
 
 use anyhow::{Context as _, Result};
 use etcdfleet_tests::control_plane::scenario::{
@@ -42,5 +43,59 @@ async fn real_install_of_the_dev_stage_runs_the_controller_deployment_which_conv
         "jsonpath={.items[*].status.containerStatuses[0].ready}",
     ])?;
     assert_eq!(pods.trim(), "true", "one ready controller pod");
+    Ok(())
+}
+
+/// The README's "Installing on a management cluster" section, run
+/// verbatim on an empty real management cluster: the CRDs, then the prod
+/// stage, whose two controller replicas become ready (one leads through
+/// the Lease, the other stands by).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_install_section_of_the_readme_runs_verbatim_on_an_empty_cluster() -> Result<()> {
+    use etcdfleet_tests::control_plane::readme::{checkout, run_block, sh_blocks};
+    let Some(binaries) = etcdfleet_tests::control_plane::require_kubernetes() else {
+        return Ok(());
+    };
+    let blocks = sh_blocks("Installing on a management cluster")?;
+    let world = etcdfleet_tests::control_plane::KubeWorld::start(binaries, &[]).await?;
+    let crds = world.kubectl(&["get", "crd", "-o", "name"])?;
+    assert!(!crds.contains("etcdfleet.dev"), "an empty cluster: {crds}");
+    let dir = tempfile::tempdir()?;
+    checkout(dir.path())?;
+    for block in &blocks {
+        run_block(&world, dir.path(), &[], block)?;
+    }
+    let ready = world.kubectl(&[
+        "get",
+        "deployment/etcdfleet-controller",
+        "-n",
+        "etcdfleet-system",
+        "-o",
+        "jsonpath={.status.readyReplicas}",
+    ])?;
+    assert_eq!(ready.trim(), "2", "both prod replicas ready");
+    let holder = world.kubectl(&[
+        "get",
+        "lease/etcdfleet-controller",
+        "-n",
+        "etcdfleet-system",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ])?;
+    let pods = world.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "etcdfleet-system",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])?;
+    assert!(
+        pods.split_whitespace()
+            .any(|p| holder.trim().starts_with(p)),
+        "the Lease is held by a controller pod: {holder:?} of {pods:?}"
+    );
+    let templates = world.kubectl(&["get", "clusteretcdtemplates", "-o", "name"])?;
+    assert!(templates.contains("ha-3"), "{templates}");
     Ok(())
 }

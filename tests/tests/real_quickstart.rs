@@ -6,33 +6,19 @@
 //! (its workload cluster's admin kubeconfig, its S3 server). If the README
 //! changes and its commands stop working, this fails.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
+use etcdfleet_tests::control_plane::readme::{checkout, run_block, sh_blocks};
 use etcdfleet_tests::control_plane::scenario::{put, read_everywhere};
 use etcdfleet_tests::control_plane::{KubeWorld, require_kubernetes};
-use etcdfleet_tests::controller_process::repo;
 use etcdfleet_tests::s3::S3Server;
 
 const BUCKET: &str = "quickstart-backups";
 
-/// The ```sh blocks of the README section `## Quickstart`, in order.
-fn quickstart_blocks(readme: &str) -> Result<Vec<String>> {
-    let start = readme
-        .find("\n## Quickstart\n")
-        .context("the README has no ## Quickstart section")?;
-    let section = &readme[start + 1..];
-    let end = section[3..].find("\n## ").map_or(section.len(), |i| i + 3);
-    let mut blocks = Vec::new();
-    let mut rest = &section[..end];
-    while let Some(open) = rest.find("```sh\n") {
-        let body = &rest[open + 6..];
-        let close = body.find("\n```").context("an unclosed ```sh block")?;
-        blocks.push(body[..close].to_string());
-        rest = &body[close + 4..];
-    }
+/// The quickstart's blocks: the first holds the reader's own values.
+fn quickstart_blocks() -> Result<Vec<String>> {
+    let blocks = sh_blocks("Quickstart")?;
     ensure!(
         blocks.len() >= 5,
         "expected the quickstart's blocks, found {}",
@@ -45,46 +31,6 @@ fn quickstart_blocks(readme: &str) -> Result<Vec<String>> {
     Ok(blocks)
 }
 
-/// A working directory with the repository's manifests, as a reader's
-/// checkout (files the commands write stay out of the repository).
-fn checkout(dir: &Path) -> Result<()> {
-    for part in ["config", "templates"] {
-        let status = Command::new("cp")
-            .arg("-r")
-            .arg(repo().join(part))
-            .arg(dir)
-            .status()?;
-        ensure!(status.success(), "copying {part}");
-    }
-    Ok(())
-}
-
-fn run_block(world: &KubeWorld, dir: &Path, env: &[(String, String)], block: &str) -> Result<()> {
-    let path = format!(
-        "{}:{}",
-        world.binaries.dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let out = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", block])
-        .current_dir(dir)
-        .env("PATH", path)
-        .env("KUBECONFIG", world.management.admin_kubeconfig_file())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .context("bash")?;
-    if !out.status.success() {
-        bail!(
-            "quickstart block failed ({}):\n{block}\n--- stdout\n{}\n--- stderr\n{}\n--- controller\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            world.management_kubelet.runtime.all_pod_logs(40)
-        );
-    }
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_quickstart_of_the_readme_runs_verbatim_from_an_empty_cluster() -> Result<()> {
     let Some(binaries) = require_kubernetes() else {
@@ -94,7 +40,7 @@ async fn real_quickstart_of_the_readme_runs_verbatim_from_an_empty_cluster() -> 
         return Ok(());
     };
     s3.create_bucket(BUCKET)?;
-    let blocks = quickstart_blocks(&std::fs::read_to_string(repo().join("README.md"))?)?;
+    let blocks = quickstart_blocks()?;
     let world = KubeWorld::start(binaries, &["w1"]).await?;
     let dir = tempfile::tempdir()?;
     checkout(dir.path())?;

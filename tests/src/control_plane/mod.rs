@@ -30,6 +30,7 @@
 mod audit;
 pub mod conditions;
 mod nodes;
+pub mod readme;
 pub mod rollouts;
 pub mod scenario;
 pub mod world;
