@@ -97,6 +97,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use etcdfleet_api::version::image_repository;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, KeyToPath, PersistentVolume, PersistentVolumeClaim,
@@ -346,15 +347,6 @@ impl ImageTable {
             .min_by_key(|(rank, _)| *rank)
             .map(|(_, p)| p.clone())
             .filter(|p| p.is_file())
-    }
-}
-
-/// The repository of an image reference: without tag and digest.
-fn image_repository(image: &str) -> &str {
-    let without_digest = image.split('@').next().unwrap_or(image);
-    match image_tag(without_digest) {
-        Some(tag) => &without_digest[..without_digest.len() - tag.len() - 1],
-        None => without_digest,
     }
 }
 
