@@ -151,16 +151,55 @@ impl Inner {
     /// One pod's kubelet pass; true when it is running and ready.
     async fn run_pod(&self, state: &mut State, key: &PodKey, pod: &Pod) -> Result<bool> {
         let ip = state.ips[key];
+        let run = state
+            .pods
+            .entry(key.clone())
+            .or_insert_with(|| self.new_pod_run(key, pod));
+
+        // A pod being deleted (seeded with deletionTimestamp): stop it.
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.stop_deleted(pod, run).await?;
+            return Ok(false);
+        }
+
+        // Exited? Schedule a restart with backoff.
+        run.note_exit();
+
+        // Main containers start only after every init container exited 0.
+        let initialized = self.advance_init_containers(pod, ip, run).await;
+        if initialized && run.process.is_none() && Instant::now() >= run.next_start {
+            self.start_main_container(pod, ip, run).await;
+        }
+        for claim in &run.claims {
+            state.pvc_dirs.insert(claim.clone());
+        }
+        let run = state.pods.get_mut(key).expect("inserted above");
+
+        let alive = run.process.as_ref().is_some_and(EtcdProcess::is_running);
+        if let (Mode::Nodes(_), true) = (&self.mode, alive) {
+            let ready = probe(run).await;
+            return self
+                .report_status(key, pod, run, ip, alive, ready)
+                .await
+                .map(|()| ready);
+        }
+        let ready = alive && emulated_readiness(run).await;
+        self.report_status(key, pod, run, ip, alive, ready).await?;
+        Ok(ready)
+    }
+
+    /// What the kubelet knows of a pod it has not seen before: nothing ran
+    /// yet, its first container may start at once.
+    fn new_pod_run(&self, key: &PodKey, pod: &Pod) -> PodRun {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let pod_dir = self
             .root
             .join("pods")
             .join(format!("{}_{}_{}", key.0, key.1, uid));
-        let log_file = self.log_file(&key.0, &key.1);
-        let run = state.pods.entry(key.clone()).or_insert_with(|| PodRun {
+        PodRun {
             uid,
             pod_dir,
-            log_file,
+            log_file: self.log_file(&key.0, &key.1),
             process: None,
             pod_started: now_rfc3339(),
             container_started: None,
@@ -177,103 +216,49 @@ impl Inner {
             init_process: None,
             probes: None,
             written: None,
-        });
-
-        // A pod being deleted (seeded with deletionTimestamp): stop it.
-        if pod.metadata.deletion_timestamp.is_some() {
-            let grace = match self.mode {
-                Mode::Emulated => TERMINATION_GRACE,
-                Mode::Nodes(_) => deletion_grace(pod),
-            };
-            if let Some(p) = run.process.take() {
-                let started = Instant::now();
-                p.terminate(grace).await;
-                *self.exiting.lock().unwrap_or_else(|e| e.into_inner()) += started.elapsed();
-            }
-            if let Some(p) = run.init_process.take() {
-                p.kill().await;
-            }
-            if let Mode::Nodes(_) = self.mode {
-                self.finish_deletion(pod).await?;
-            }
-            return Ok(false);
         }
+    }
 
-        // Exited? Schedule a restart with backoff.
-        if let Some(p) = run.process.as_mut()
-            && let Some(status) = p.exit_status()
-        {
-            use std::os::unix::process::ExitStatusExt;
-            let code = status
-                .code()
-                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-            let ran = run
-                .container_started
-                .as_ref()
-                .map(|(at, _)| at.elapsed())
-                .unwrap_or_default();
-            if ran >= BACKOFF_RESET_AFTER {
-                run.backoff = BACKOFF_START;
-            }
-            run.last_terminated = Some(json!({
-                "exitCode": code,
-                "reason": if code == 0 { "Completed" } else { "Error" },
-                "startedAt": run.container_started.as_ref().map(|(_, s)| s.clone()),
-                "finishedAt": now_rfc3339(),
-            }));
-            run.process = None;
-            run.next_start = Instant::now() + run.backoff;
-            run.backoff = (run.backoff * 2).min(BACKOFF_MAX);
-            run.waiting = Some(Waiting::new(
-                "CrashLoopBackOff",
-                format!("back-off restarting the container (exit code {code})"),
-            ));
+    /// Stops a pod being deleted: its container gets SIGTERM and the grace
+    /// period, an init container is killed; in node mode the pod object is
+    /// then removed, as the kubelet does.
+    async fn stop_deleted(&self, pod: &Pod, run: &mut PodRun) -> Result<()> {
+        let grace = match self.mode {
+            Mode::Emulated => TERMINATION_GRACE,
+            Mode::Nodes(_) => deletion_grace(pod),
+        };
+        if let Some(p) = run.process.take() {
+            let started = Instant::now();
+            p.terminate(grace).await;
+            *self.exiting.lock().unwrap_or_else(|e| e.into_inner()) += started.elapsed();
         }
+        if let Some(p) = run.init_process.take() {
+            p.kill().await;
+        }
+        if let Mode::Nodes(_) = self.mode {
+            self.finish_deletion(pod).await?;
+        }
+        Ok(())
+    }
 
-        // Main containers start only after every init container exited 0.
-        let initialized = self.advance_init_containers(pod, ip, run).await;
-        if initialized && run.process.is_none() && Instant::now() >= run.next_start {
-            match self.start_container(pod, ip, run).await {
-                Ok(process) => {
-                    if run.ever_started {
-                        run.restart_count += 1;
-                    }
-                    if let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) {
-                        run.probes = Some(Probes::new(container, ip));
-                    }
-                    run.ever_started = true;
-                    run.process = Some(process);
-                    run.container_started = Some((Instant::now(), now_rfc3339()));
-                    run.waiting = None;
+    /// Starts the pod's main container (a restart counts as one); a start
+    /// that fails leaves why as the container's waiting state.
+    async fn start_main_container(&self, pod: &Pod, ip: Ipv4Addr, run: &mut PodRun) {
+        match self.start_container(pod, ip, run).await {
+            Ok(process) => {
+                if run.ever_started {
+                    run.restart_count += 1;
                 }
-                Err(waiting) => run.waiting = Some(waiting),
+                if let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) {
+                    run.probes = Some(Probes::new(container, ip));
+                }
+                run.ever_started = true;
+                run.process = Some(process);
+                run.container_started = Some((Instant::now(), now_rfc3339()));
+                run.waiting = None;
             }
+            Err(waiting) => run.waiting = Some(waiting),
         }
-        for claim in &run.claims {
-            state.pvc_dirs.insert(claim.clone());
-        }
-        let run = state.pods.get_mut(key).expect("inserted above");
-
-        let alive = run.process.as_ref().is_some_and(EtcdProcess::is_running);
-        if let (Mode::Nodes(_), true) = (&self.mode, alive) {
-            let ready = probe(run).await;
-            return self
-                .report_status(key, pod, run, ip, alive, ready)
-                .await
-                .map(|()| ready);
-        }
-        let ready = alive
-            && match (&run.readiness_http, run.client_addr) {
-                (Some((addr, path)), _) => http_probe(*addr, path).await,
-                (None, Some(addr)) => matches!(
-                    tokio::time::timeout(READY_PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr))
-                        .await,
-                    Ok(Ok(_))
-                ),
-                (None, None) => true,
-            };
-        self.report_status(key, pod, run, ip, alive, ready).await?;
-        Ok(ready)
     }
 
     /// Writes the pod's status when it differs from what the API holds
@@ -566,6 +551,55 @@ impl Inner {
         }
         EtcdProcess::spawn_with_mounts(&spec, mounts)
             .map_err(|e| Waiting::new("RunContainerError", format!("{e:#}")))
+    }
+}
+
+impl PodRun {
+    /// When the main container has exited: records how (`lastState`), and
+    /// schedules its restart after the backoff, which doubles up to its
+    /// maximum and starts over after a container that ran long enough.
+    fn note_exit(&mut self) {
+        use std::os::unix::process::ExitStatusExt;
+        let Some(status) = self.process.as_ref().and_then(EtcdProcess::exit_status) else {
+            return;
+        };
+        let code = status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        let ran = self
+            .container_started
+            .as_ref()
+            .map(|(at, _)| at.elapsed())
+            .unwrap_or_default();
+        if ran >= BACKOFF_RESET_AFTER {
+            self.backoff = BACKOFF_START;
+        }
+        self.last_terminated = Some(json!({
+            "exitCode": code,
+            "reason": if code == 0 { "Completed" } else { "Error" },
+            "startedAt": self.container_started.as_ref().map(|(_, s)| s.clone()),
+            "finishedAt": now_rfc3339(),
+        }));
+        self.process = None;
+        self.next_start = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        self.waiting = Some(Waiting::new(
+            "CrashLoopBackOff",
+            format!("back-off restarting the container (exit code {code})"),
+        ));
+    }
+}
+
+/// Emulated mode: a running container is ready when its HTTP readiness
+/// probe passes, or without one when its client port accepts TCP.
+async fn emulated_readiness(run: &PodRun) -> bool {
+    match (&run.readiness_http, run.client_addr) {
+        (Some((addr, path)), _) => http_probe(*addr, path).await,
+        (None, Some(addr)) => matches!(
+            tokio::time::timeout(READY_PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await,
+            Ok(Ok(_))
+        ),
+        (None, None) => true,
     }
 }
 

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{
-    Container, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod,
+    ConfigMapVolumeSource, Container, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod,
+    SecretVolumeSource,
 };
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
@@ -65,8 +66,6 @@ impl Inner {
     ) -> std::result::Result<(Vec<(PathBuf, PathBuf)>, Vec<PodKey>), Waiting> {
         let ns = pod.namespace().unwrap_or_default();
         let spec = pod.spec.clone().unwrap_or_default();
-        let mount_error = |m: String| Waiting::new("ContainerCreating", m);
-        let io = |e: std::io::Error| Waiting::new("ContainerCreating", e.to_string());
         let mut mounts = Vec::new();
         let mut claims = Vec::new();
         for mount in container.volume_mounts.iter().flatten() {
@@ -78,76 +77,17 @@ impl Inner {
                 .ok_or_else(|| mount_error(format!("volume {:?} is not defined", mount.name)))?;
             let local = pod_dir.join("volumes").join(&volume.name);
             let source = if let Some(pvc) = &volume.persistent_volume_claim {
-                let claim = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns)
-                    .get_opt(&pvc.claim_name)
-                    .await
-                    .map_err(|e| mount_error(e.to_string()))?
-                    .ok_or_else(|| {
-                        mount_error(format!(
-                            "persistentvolumeclaim {:?} not found",
-                            pvc.claim_name
-                        ))
-                    })?;
                 claims.push((ns.clone(), pvc.claim_name.clone()));
-                let dir = self
-                    .claim_dir(&ns, &claim)
-                    .await
-                    .map_err(|e| mount_error(format!("{e:#}")))?
-                    .ok_or_else(|| {
-                        mount_error(format!(
-                            "persistentvolumeclaim {:?} is not bound to a host-path volume",
-                            pvc.claim_name
-                        ))
-                    })?;
-                // A PVC recreated under the same name is a new volume (a new PV
-                // in a real cluster): the old one's data must not show through.
-                let uid = claim.metadata.uid.clone().unwrap_or_default();
-                let marker = dir.with_extension("uid");
-                if matches!(self.mode, Mode::Emulated)
-                    && fs::read_to_string(&marker).ok().as_deref() != Some(uid.as_str())
-                {
-                    if dir.exists() {
-                        fs::remove_dir_all(&dir).map_err(io)?;
-                    }
-                    fs::create_dir_all(dir.parent().unwrap_or(&dir)).map_err(io)?;
-                    fs::write(&marker, &uid).map_err(io)?;
-                }
-                dir
+                self.claim_volume(&ns, &pvc.claim_name).await?
             } else if let Some(cm) = &volume.config_map {
-                let data = match self.config_map(&ns, &cm.name).await {
-                    Ok(Some(cm)) => {
-                        let mut d: BTreeMap<String, Vec<u8>> = cm
-                            .data
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|(k, v)| (k, v.into_bytes()))
-                            .collect();
-                        d.extend(
-                            cm.binary_data
-                                .unwrap_or_default()
-                                .into_iter()
-                                .map(|(k, v)| (k, v.0)),
-                        );
-                        d
-                    }
-                    Ok(None) if cm.optional == Some(true) => BTreeMap::new(),
-                    Ok(None) => {
-                        return Err(mount_error(format!("configmap {:?} not found", cm.name)));
-                    }
-                    Err(e) => return Err(mount_error(e.to_string())),
-                };
-                write_key_files(&local, &data, cm.items.as_deref(), cm.default_mode).map_err(io)?;
+                let data = self.config_map_files(&ns, cm).await?;
+                write_key_files(&local, &data, cm.items.as_deref(), cm.default_mode)
+                    .map_err(io_error)?;
                 local
             } else if let Some(secret) = &volume.secret {
-                let name = secret.secret_name.clone().unwrap_or_default();
-                let data = match self.secret_data(&ns, &name).await {
-                    Ok(Some(d)) => d,
-                    Ok(None) if secret.optional == Some(true) => BTreeMap::new(),
-                    Ok(None) => return Err(mount_error(format!("secret {name:?} not found"))),
-                    Err(e) => return Err(mount_error(e.to_string())),
-                };
+                let data = self.secret_files(&ns, secret).await?;
                 write_key_files(&local, &data, secret.items.as_deref(), secret.default_mode)
-                    .map_err(io)?;
+                    .map_err(io_error)?;
                 local
             } else if volume.empty_dir.is_some() {
                 local
@@ -156,7 +96,7 @@ impl Inner {
                     .projected_files(pod, projected)
                     .await
                     .map_err(|e| mount_error(format!("{e:#}")))?;
-                write_key_files(&local, &data, None, projected.default_mode).map_err(io)?;
+                write_key_files(&local, &data, None, projected.default_mode).map_err(io_error)?;
                 local
             } else {
                 return Err(mount_error(format!(
@@ -168,15 +108,94 @@ impl Inner {
                 Some(sub) => source.join(sub),
                 None => source,
             };
-            fs::create_dir_all(&source).map_err(io)?;
+            fs::create_dir_all(&source).map_err(io_error)?;
             let target = PathBuf::from(&mount.mount_path);
             if !target.exists() {
-                fs::create_dir_all(&target).map_err(io)?;
+                fs::create_dir_all(&target).map_err(io_error)?;
             }
             mounts.push((source, target));
         }
         mounts.sort_by_key(|(_, target)| target.components().count());
         Ok((mounts, claims))
+    }
+
+    /// The host directory of claim `ns/name`, ready to mount (see
+    /// [`claim_dir`](Self::claim_dir)).
+    async fn claim_volume(&self, ns: &str, name: &str) -> std::result::Result<PathBuf, Waiting> {
+        let claim = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| mount_error(e.to_string()))?
+            .ok_or_else(|| mount_error(format!("persistentvolumeclaim {name:?} not found")))?;
+        let dir = self
+            .claim_dir(ns, &claim)
+            .await
+            .map_err(|e| mount_error(format!("{e:#}")))?
+            .ok_or_else(|| {
+                mount_error(format!(
+                    "persistentvolumeclaim {name:?} is not bound to a host-path volume"
+                ))
+            })?;
+        // A PVC recreated under the same name is a new volume (a new PV
+        // in a real cluster): the old one's data must not show through.
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let marker = dir.with_extension("uid");
+        if matches!(self.mode, Mode::Emulated)
+            && fs::read_to_string(&marker).ok().as_deref() != Some(uid.as_str())
+        {
+            if dir.exists() {
+                fs::remove_dir_all(&dir).map_err(io_error)?;
+            }
+            fs::create_dir_all(dir.parent().unwrap_or(&dir)).map_err(io_error)?;
+            fs::write(&marker, &uid).map_err(io_error)?;
+        }
+        Ok(dir)
+    }
+
+    /// The files of a `configMap` volume: its `data` and `binaryData` keys.
+    async fn config_map_files(
+        &self,
+        ns: &str,
+        source: &ConfigMapVolumeSource,
+    ) -> std::result::Result<BTreeMap<String, Vec<u8>>, Waiting> {
+        match self.config_map(ns, &source.name).await {
+            Ok(Some(cm)) => {
+                let mut d: BTreeMap<String, Vec<u8>> = cm
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_bytes()))
+                    .collect();
+                d.extend(
+                    cm.binary_data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0)),
+                );
+                Ok(d)
+            }
+            Ok(None) if source.optional == Some(true) => Ok(BTreeMap::new()),
+            Ok(None) => Err(mount_error(format!(
+                "configmap {:?} not found",
+                source.name
+            ))),
+            Err(e) => Err(mount_error(e.to_string())),
+        }
+    }
+
+    /// The files of a `secret` volume.
+    async fn secret_files(
+        &self,
+        ns: &str,
+        source: &SecretVolumeSource,
+    ) -> std::result::Result<BTreeMap<String, Vec<u8>>, Waiting> {
+        let name = source.secret_name.clone().unwrap_or_default();
+        match self.secret_data(ns, &name).await {
+            Ok(Some(d)) => Ok(d),
+            Ok(None) if source.optional == Some(true) => Ok(BTreeMap::new()),
+            Ok(None) => Err(mount_error(format!("secret {name:?} not found"))),
+            Err(e) => Err(mount_error(e.to_string())),
+        }
     }
 
     /// The files of a `projected` volume: ConfigMap keys and downward-API
@@ -274,6 +293,15 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// Why a volume cannot be mounted (yet): the container stays creating.
+fn mount_error(message: String) -> Waiting {
+    Waiting::new("ContainerCreating", message)
+}
+
+fn io_error(e: std::io::Error) -> Waiting {
+    Waiting::new("ContainerCreating", e.to_string())
 }
 
 /// Writes a configMap/secret volume: all keys, or only `items` (key → path).
