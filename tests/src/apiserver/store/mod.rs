@@ -484,36 +484,14 @@ impl Store {
         t: &Target,
         name: &str,
         old: &Value,
-        mut new: Value,
+        new: Value,
         user: &str,
         query: &Query,
         applied: bool,
     ) -> ApiResult<Value> {
         let kind = self.kinds[t.kind].clone();
         let sub = t.subresource.as_deref();
-        match sub {
-            Some("status") => {
-                let status = new.get("status").cloned();
-                new = old.clone();
-                match status {
-                    Some(s) => new["status"] = s,
-                    None => {
-                        if let Some(m) = new.as_object_mut() {
-                            m.remove("status");
-                        }
-                    }
-                }
-            }
-            _ if kind.status => match old.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Some(m) = new.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            },
-            _ => {}
-        }
+        let mut new = respect_status_subresource(&kind, sub, old, new);
         if let Some(body_name) = new["metadata"]["name"].as_str()
             && body_name != name
         {
@@ -531,46 +509,8 @@ impl Store {
         }
         new["apiVersion"] = kind.api_version().into();
         new["kind"] = kind.kind.clone().into();
-        for field in [
-            "uid",
-            "creationTimestamp",
-            "namespace",
-            "name",
-            "deletionTimestamp",
-            "generation",
-        ] {
-            match old["metadata"].get(field) {
-                Some(v) => new["metadata"][field] = v.clone(),
-                None => {
-                    if let Some(m) = new["metadata"].as_object_mut() {
-                        m.remove(field);
-                    }
-                }
-            }
-        }
-        if old["metadata"]["deletionTimestamp"].is_string() {
-            // Finalizers may only be removed from an object being deleted.
-            let before: Vec<Value> = old["metadata"]["finalizers"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let after: Vec<Value> = new["metadata"]["finalizers"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if after.iter().any(|f| !before.contains(f)) {
-                return Err(invalid(
-                    &kind,
-                    name,
-                    &[(
-                        "metadata.finalizers".into(),
-                        "FieldValueForbidden".into(),
-                        "Forbidden: no new finalizers can be added if the object is being deleted"
-                            .into(),
-                    )],
-                ));
-            }
-        }
+        keep_server_metadata(old, &mut new);
+        check_no_new_finalizers(&kind, name, old, &new)?;
         let mut new = self.validate(&kind, name, new, Some(old))?;
         let ts = now();
         if !applied {
@@ -805,6 +745,84 @@ impl Store {
                 .collect(),
         )
     }
+}
+
+/// The status subresource owns `status`: a write to it changes only
+/// status (the rest stays as stored); a write to an object of a kind with
+/// the subresource keeps the stored status.
+fn respect_status_subresource(kind: &Kind, sub: Option<&str>, old: &Value, mut new: Value) -> Value {
+    match sub {
+        Some("status") => {
+            let status = new.get("status").cloned();
+            new = old.clone();
+            match status {
+                Some(s) => new["status"] = s,
+                None => {
+                    if let Some(m) = new.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+        }
+        _ if kind.status => match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        },
+        _ => {}
+    }
+    new
+}
+
+/// The metadata the server owns stays as stored, whatever a write sends.
+fn keep_server_metadata(old: &Value, new: &mut Value) {
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "namespace",
+        "name",
+        "deletionTimestamp",
+        "generation",
+    ] {
+        match old["metadata"].get(field) {
+            Some(v) => new["metadata"][field] = v.clone(),
+            None => {
+                if let Some(m) = new["metadata"].as_object_mut() {
+                    m.remove(field);
+                }
+            }
+        }
+    }
+}
+
+/// Finalizers may only be removed from an object being deleted.
+fn check_no_new_finalizers(kind: &Kind, name: &str, old: &Value, new: &Value) -> ApiResult<()> {
+    if !old["metadata"]["deletionTimestamp"].is_string() {
+        return Ok(());
+    }
+    let before: Vec<Value> = old["metadata"]["finalizers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let after: Vec<Value> = new["metadata"]["finalizers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if after.iter().any(|f| !before.contains(f)) {
+        return Err(invalid(
+            kind,
+            name,
+            &[(
+                "metadata.finalizers".into(),
+                "FieldValueForbidden".into(),
+                "Forbidden: no new finalizers can be added if the object is being deleted".into(),
+            )],
+        ));
+    }
+    Ok(())
 }
 
 fn uuid_like() -> String {
