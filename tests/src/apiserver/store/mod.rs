@@ -750,7 +750,12 @@ impl Store {
 /// The status subresource owns `status`: a write to it changes only
 /// status (the rest stays as stored); a write to an object of a kind with
 /// the subresource keeps the stored status.
-fn respect_status_subresource(kind: &Kind, sub: Option<&str>, old: &Value, mut new: Value) -> Value {
+fn respect_status_subresource(
+    kind: &Kind,
+    sub: Option<&str>,
+    old: &Value,
+    mut new: Value,
+) -> Value {
     match sub {
         Some("status") => {
             let status = new.get("status").cloned();
