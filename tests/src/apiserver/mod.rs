@@ -19,6 +19,7 @@ pub mod immutable;
 pub mod kinds;
 pub mod patch;
 pub mod rbac;
+pub mod recorder;
 pub mod selectors;
 mod serve;
 pub mod store;
@@ -38,14 +39,17 @@ use kube::Client;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::Sender;
 
-use crate::fleet::{ApiOp, OpRecorder};
 use kinds::Kind;
 use patch::PatchType;
 use rbac::{Attributes, Rbac};
+use recorder::{ApiOp, OpRecorder};
 use store::{ApiError, Query, Store, Target, bad_request, status};
 
 /// The identity that bypasses RBAC (tests and the workload runtime).
 pub const ADMIN: &str = "system:admin";
+
+/// The `cluster` of operations on the management API.
+pub const MANAGEMENT: &str = "management";
 
 /// The controller's ServiceAccount, as the shipped ClusterRoleBinding names it.
 pub const CONTROLLER_USER: &str = "system:serviceaccount:etcdfleet-system:etcdfleet-controller";
@@ -541,6 +545,14 @@ impl LiveWatch {
     }
 }
 
+fn base64(bytes: &[u8]) -> String {
+    // k8s-openapi's ByteString serializes as base64: no extra crate needed.
+    match serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec())) {
+        Ok(Value::String(s)) => s,
+        _ => unreachable!("ByteString serializes to a string"),
+    }
+}
+
 fn random_token() -> String {
     use std::hash::{BuildHasher, Hasher};
     (0..2)
@@ -630,11 +642,7 @@ impl ApiServer {
     /// namespace) grants the same rules (tests/tests/deploy.rs checks that).
     pub async fn management() -> Result<ApiServer> {
         let rbac = kinds::config_dir().join("rbac");
-        Self::start(
-            crate::fleet::MANAGEMENT,
-            &[&rbac, &rbac.join("all-namespaces")],
-        )
-        .await
+        Self::start(MANAGEMENT, &[&rbac, &rbac.join("all-namespaces")]).await
     }
 
     /// A workload cluster's API server: the shipped `config/workload-rbac`.
@@ -705,7 +713,7 @@ impl ApiServer {
     /// A kubeconfig for this server: inline CA data and the bearer token.
     pub fn kubeconfig(&self, user_token: &str) -> String {
         let name = &self.inner.name;
-        let ca = crate::fleet::base64(self.serving.ca_pem.as_bytes());
+        let ca = base64(self.serving.ca_pem.as_bytes());
         format!(
             "apiVersion: v1
 kind: Config
