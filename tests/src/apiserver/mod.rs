@@ -553,6 +553,80 @@ fn base64(bytes: &[u8]) -> String {
     }
 }
 
+fn unauthorized() -> http::Response<ResponseBody> {
+    error_response(status(
+        401,
+        "Unauthorized",
+        "Unauthorized".into(),
+        json!({}),
+    ))
+}
+
+/// `pods/<name>/portforward` of namespace `<ns>`, if the path is one.
+fn portforward_target(path: &str) -> Option<(String, String)> {
+    let s: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match s.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", pod, "portforward"] => {
+            Some((ns.to_string(), pod.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// A request that came over HTTPS: its bearer token names the user;
+/// `pods/<name>/portforward` is authorized here and handed to the upgrade
+/// handler, everything else is read whole and goes to [`Inner::handle`].
+async fn serve_https_request(
+    inner: Arc<Inner>,
+    request: http::Request<hyper::body::Incoming>,
+) -> http::Response<ResponseBody> {
+    let token = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let user = token.and_then(|t| inner.tokens.lock().expect("tokens lock").get(&t).cloned());
+    let Some(user) = user else {
+        return unauthorized();
+    };
+    if let Some((ns, pod)) = portforward_target(request.uri().path()) {
+        let attrs = Attributes {
+            user: user.clone(),
+            verb: "create".into(),
+            group: String::new(),
+            resource: "pods".into(),
+            subresource: Some("portforward".into()),
+            namespace: Some(ns.clone()),
+            name: Some(pod.clone()),
+        };
+        if user != ADMIN && !inner.rbac.lock().expect("rbac lock").allows(&attrs) {
+            return error_response(inner.deny(&attrs));
+        }
+        let handler = inner.portforward.lock().expect("lock").clone();
+        return match handler {
+            Some(handler) => handler(request, ns, pod).await.map(|b| b.boxed_unsync()),
+            None => error_response(status(
+                501,
+                "NotImplemented",
+                "port-forward is not served by this test API server (no handler set)".into(),
+                json!({}),
+            )),
+        };
+    }
+    let (parts, incoming) = request.into_parts();
+    let bytes = match incoming.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            return http::Response::builder()
+                .status(400)
+                .body(body(Bytes::from(e.to_string())))
+                .expect("static response parts");
+        }
+    };
+    inner.handle(&user, &parts, bytes).await
+}
+
 fn random_token() -> String {
     use std::hash::{BuildHasher, Hasher};
     (0..2)
@@ -628,7 +702,11 @@ impl ApiServer {
             portforward: Mutex::new(None),
             denied: Mutex::new(Vec::new()),
         });
-        let serving = serve::Serving::start(inner.clone()).await?;
+        let serving = serve::Serving::start({
+            let inner = inner.clone();
+            move |request| serve_https_request(inner.clone(), request)
+        })
+        .await?;
         Ok(ApiServer {
             inner,
             serving: Arc::new(serving),
