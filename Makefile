@@ -47,10 +47,12 @@ test-kubernetes-oldest: tools rust-tools
 # outside tests over 120 lines and no file over 1,000 lines before its tests
 # (hack/check-bounds.py), no import circle between the files of a crate
 # (hack/check-imports.py), and no test that asserts only inside a condition
-# that may be false (hack/check-test-asserts.py). Part of `lint` and `test`.
+# that may be false (hack/check-test-asserts.py). The bounds and the circles
+# are checked in the controllers, the API types and the test harness
+# (tests/src) alike. Part of `lint` and `test`.
 structure:
-	python3 hack/check-bounds.py controllers/src api/src
-	python3 hack/check-imports.py controllers/src api/src
+	python3 hack/check-bounds.py controllers/src api/src tests/src
+	python3 hack/check-imports.py controllers/src api/src tests/src
 	python3 hack/check-test-asserts.py .
 
 lint: structure

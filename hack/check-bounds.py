@@ -8,7 +8,7 @@ character literals blanked out. Test code does not count: files named
 `tests.rs`, and every item under `#[cfg(test)]` (a file's length is counted
 up to its first top-level `#[cfg(test)]`).
 
-Usage: check-bounds.py [--top N] DIR...   (default: controllers/src api/src)
+Usage: check-bounds.py [--top N] DIR...   (default: controllers/src api/src tests/src)
 """
 import pathlib
 import re
@@ -114,7 +114,7 @@ def main(argv):
     top = int(argv[argv.index('--top') + 1]) if '--top' in argv else 5
     roots = [a for k, a in enumerate(argv) if not a.startswith('--') and (k == 0 or argv[k - 1] != '--top')]
     rows, failures = [], []
-    for root in roots or ['controllers/src', 'api/src']:
+    for root in roots or ['controllers/src', 'api/src', 'tests/src']:
         for path in sorted(pathlib.Path(root).rglob('*.rs')):
             if path.name == 'tests.rs':
                 continue

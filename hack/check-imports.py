@@ -7,7 +7,7 @@ that is a module file), `super::...` and `self::...` resolved the same way,
 and a child module named from its parent (`plan::Step` in the parent's file).
 A name a module only re-exports (`pub use child::Item;`) leads to the module
 that defines it. `mod x;` declarations are not edges.
-Usage: check-imports.py [--print] CRATE_SRC..."""
+Usage: check-imports.py [--print] CRATE_SRC...   (default: controllers/src api/src tests/src)"""
 import pathlib
 import re
 import sys
@@ -179,4 +179,4 @@ def main(roots):
 
 
 if __name__ == '__main__':
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith('--')] or ['controllers/src', 'api/src']))
+    sys.exit(main([a for a in sys.argv[1:] if not a.startswith('--')] or ['controllers/src', 'api/src', 'tests/src']))

@@ -568,6 +568,17 @@ pub fn version_of_image(image: &str) -> Option<Version> {
     Version::parse(tag.strip_prefix('v').unwrap_or(tag)).ok()
 }
 
+/// The repository of an image reference, without its tag and digest:
+/// `registry:5000/etcd` of `registry:5000/etcd:v3.5.1@sha256:…` (a registry
+/// port stays). The inverse of [`image_for`].
+pub fn image_repository(image: &str) -> &str {
+    let name = image.split('@').next().unwrap_or(image);
+    match name.rsplit_once(':') {
+        Some((repository, tag)) if !tag.contains('/') => repository,
+        _ => name,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -955,6 +966,34 @@ mod tests {
             assert_eq!(notice(&v(fine)), None, "{fine}");
         }
         assert_eq!(notice(&v("3.9.0")), None, "unsupported: the policy says so");
+    }
+
+    #[test]
+    fn image_repository_drops_tag_and_digest_and_keeps_a_registry_port() {
+        assert_eq!(
+            image_repository("gcr.io/etcd-development/etcd:v3.5.1"),
+            "gcr.io/etcd-development/etcd"
+        );
+        assert_eq!(
+            image_repository("localhost:5000/etcd:v3.5.1"),
+            "localhost:5000/etcd"
+        );
+        assert_eq!(
+            image_repository("localhost:5000/etcd"),
+            "localhost:5000/etcd"
+        );
+        assert_eq!(
+            image_repository("localhost:5000/etcd:v3.5.1@sha256:abc"),
+            "localhost:5000/etcd"
+        );
+        assert_eq!(
+            image_repository("mirror.example/etcd@sha256:abc"),
+            "mirror.example/etcd"
+        );
+        assert_eq!(
+            image_repository(&image_for(None, &v("3.6.16"))),
+            DEFAULT_IMAGE_REPOSITORY
+        );
     }
 
     #[test]

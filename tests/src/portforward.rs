@@ -206,49 +206,6 @@ pub fn serve_now(handler: UpgradeHandler) -> anyhow::Result<ServedPortForward> {
     Ok(ServedPortForward { url, client, task })
 }
 
-/// Port-forward for every workload of `fleet`: the controller's production
-/// [`PortForwardDialer`](etcdfleet_controllers::dialer::PortForwardDialer),
-/// which port-forwards through each workload's own API server (built from
-/// its kubeconfig Secret, RBAC enforced), and those servers' port-forward
-/// services.
-pub struct FleetPortForward {
-    pub dialer: Arc<etcdfleet_controllers::dialer::PortForwardDialer>,
-    pub servers: std::collections::BTreeMap<String, Arc<PortForwardServer>>,
-}
-
-impl FleetPortForward {
-    pub async fn new(fleet: &crate::fleet::Fleet) -> anyhow::Result<Self> {
-        Self::start(fleet)
-    }
-
-    /// [`new`](Self::new) from synchronous code.
-    pub fn start(fleet: &crate::fleet::Fleet) -> anyhow::Result<Self> {
-        let servers = fleet
-            .workload_names()
-            .into_iter()
-            .map(|name| {
-                let server = fleet.portforward(&name).clone();
-                (name, server)
-            })
-            .collect();
-        Ok(FleetPortForward {
-            dialer: Arc::new(etcdfleet_controllers::dialer::PortForwardDialer::default()),
-            servers,
-        })
-    }
-
-    /// Tunnels opened by all workloads' API servers.
-    pub fn tunnels_opened(&self) -> u64 {
-        self.servers.values().map(|s| s.tunnels_opened()).sum()
-    }
-
-    pub fn break_tunnels(&self) {
-        for s in self.servers.values() {
-            s.break_tunnels();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

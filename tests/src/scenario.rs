@@ -92,7 +92,7 @@ pub fn controller_with(
 ) -> TestController {
     let dialer: Arc<dyn etcdfleet_controllers::dialer::EtcdDialer> =
         match std::env::var("ETCDFLEET_DIALER").as_deref() {
-            Ok("portForward") => match crate::portforward::FleetPortForward::start(fleet) {
+            Ok("portForward") => match crate::fleet::FleetPortForward::start(fleet) {
                 Ok(pf) => pf.dialer,
                 Err(e) => panic!("ETCDFLEET_DIALER=portForward: cannot serve port-forward: {e}"),
             },

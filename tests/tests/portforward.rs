@@ -15,8 +15,8 @@ use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::render::Names;
 use etcdfleet_tests::driver::{TestController, fast_settings};
 use etcdfleet_tests::etcd_harness::{ClusterOptions, EtcdVersion, LocalEtcdCluster, require_etcd};
-use etcdfleet_tests::fleet::Fleet;
-use etcdfleet_tests::portforward::{FleetPortForward, PortForwardServer, serve};
+use etcdfleet_tests::fleet::{Fleet, FleetPortForward};
+use etcdfleet_tests::portforward::{PortForwardServer, serve};
 use etcdfleet_tests::scenario::{
     NS, WORKLOAD_NS, cluster, converge_all, create, etcd_of, get, patch_spec, put, read_everywhere,
 };

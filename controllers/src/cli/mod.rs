@@ -21,7 +21,9 @@ use std::time::Duration;
 use etcdfleet_api::conditions;
 use etcdfleet_api::template::{Resolution, ResolveError, resolve};
 use etcdfleet_api::validation::validate_object;
-use etcdfleet_api::version::{VersionChange, VersionRejection, decide_for, parse_full_version};
+use etcdfleet_api::version::{
+    VersionChange, VersionRejection, decide_for, image_repository, parse_full_version,
+};
 use etcdfleet_api::{
     ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdFleetRollout, EtcdTemplate,
     MemberStatus, TemplateKind,
@@ -675,14 +677,6 @@ fn without_members(status: &EtcdClusterStatus, verdict: &VersionVerdict) -> Opti
              volumes before acting, and never bootstraps over a cluster that ran"
         )),
         (_, None) => None,
-    }
-}
-
-/// `registry/etcd` of `registry/etcd:v3.5.1` (a registry port stays).
-fn image_repository(image: &str) -> &str {
-    match image.rsplit_once(':') {
-        Some((repo, tag)) if !tag.contains('/') => repo,
-        _ => image,
     }
 }
 

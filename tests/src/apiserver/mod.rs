@@ -19,6 +19,7 @@ pub mod immutable;
 pub mod kinds;
 pub mod patch;
 pub mod rbac;
+pub mod recorder;
 pub mod selectors;
 mod serve;
 pub mod store;
@@ -36,15 +37,19 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use kube::Client;
 use serde_json::{Value, json};
+use tokio::sync::mpsc::Sender;
 
-use crate::fleet::{ApiOp, OpRecorder};
 use kinds::Kind;
 use patch::PatchType;
 use rbac::{Attributes, Rbac};
+use recorder::{ApiOp, OpRecorder};
 use store::{ApiError, Query, Store, Target, bad_request, status};
 
 /// The identity that bypasses RBAC (tests and the workload runtime).
 pub const ADMIN: &str = "system:admin";
+
+/// The `cluster` of operations on the management API.
+pub const MANAGEMENT: &str = "management";
 
 /// The controller's ServiceAccount, as the shipped ClusterRoleBinding names it.
 pub const CONTROLLER_USER: &str = "system:serviceaccount:etcdfleet-system:etcdfleet-controller";
@@ -382,105 +387,24 @@ impl Inner {
             .get("resourceVersion")
             .and_then(|s| s.parse::<u64>().ok())
             .unwrap_or(0);
-        let (initial, start_rv, mut changed, kind) = {
-            let store = self.store.lock().expect("store lock");
-            let kind = store.kinds[t.kind].clone();
-            let initial: Vec<Value> = if requested == 0 {
-                match store.select(t, &q) {
-                    Ok(items) => items
-                        .into_iter()
-                        .map(|o| json!({ "type": "ADDED", "object": o }))
-                        .collect(),
-                    Err(e) => return error_response(e),
-                }
-            } else {
-                match store.events_since(t, requested) {
-                    Some(events) => events
-                        .into_iter()
-                        .map(|e| json!({ "type": e.kind_of_change, "object": e.object }))
-                        .collect(),
-                    None => vec![json!({ "type": "ERROR", "object": {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": format!("too old resource version: {requested} ({})", store.compacted + 1),
-                        "reason": "Expired", "code": 410,
-                    }})],
-                }
-            };
-            let gone = initial.iter().any(|e| e["type"] == "ERROR");
-            let start = if requested == 0 {
-                store.resource_version()
-            } else {
-                store.resource_version().max(requested)
-            };
-            if gone {
-                let lines: String = initial.iter().map(|e| format!("{e}\n")).collect();
-                return http::Response::builder()
-                    .status(200)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(body(lines))
-                    .expect("static response parts");
-            }
-            (initial, start, store.changed.subscribe(), kind)
+        let start = match self.watch_start(t, &q, requested) {
+            Ok(start) => start,
+            Err(answer) => return *answer,
         };
-        let labels = selectors::LabelSelector::parse(q.get("labelSelector").unwrap_or_default())
-            .unwrap_or_default();
-        let fields = selectors::FieldSelector::parse(q.get("fieldSelector").unwrap_or_default())
-            .unwrap_or_default();
+        let live = LiveWatch {
+            inner: self.clone(),
+            target: t.clone(),
+            kind: start.kind,
+            labels: selectors::LabelSelector::parse(q.get("labelSelector").unwrap_or_default())
+                .unwrap_or_default(),
+            fields: selectors::FieldSelector::parse(q.get("fieldSelector").unwrap_or_default())
+                .unwrap_or_default(),
+            bookmarks,
+            seen: start.rv,
+            changed: start.changed,
+        };
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
-        let inner = self.clone();
-        let target = t.clone();
-        tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + timeout;
-            for e in initial {
-                if tx.send(Bytes::from(format!("{e}\n"))).await.is_err() {
-                    return;
-                }
-            }
-            let mut seen = start_rv;
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(deadline) => return,
-                    _ = tx.closed() => return,
-                    r = changed.changed() => if r.is_err() { return },
-                    _ = tick.tick() => {
-                        if bookmarks {
-                            let line = json!({ "type": "BOOKMARK", "object": {
-                                "kind": kind.kind, "apiVersion": kind.api_version(),
-                                "metadata": { "resourceVersion": seen.to_string() },
-                            }});
-                            if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
-                                return;
-                            }
-                        }
-                        continue;
-                    }
-                }
-                let events = {
-                    let store = inner.store.lock().expect("store lock");
-                    store.events_since(&target, seen)
-                };
-                let Some(events) = events else {
-                    let line = json!({ "type": "ERROR", "object": {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": format!("too old resource version: {seen}"), "reason": "Expired", "code": 410,
-                    }});
-                    let _ = tx.send(Bytes::from(format!("{line}\n"))).await;
-                    return;
-                };
-                for e in events {
-                    seen = e.rv;
-                    let matches = labels.matches(&e.object) && fields.matches(&e.object);
-                    if !matches {
-                        continue;
-                    }
-                    let line = json!({ "type": e.kind_of_change, "object": e.object });
-                    if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
+        tokio::spawn(live.send(start.initial, timeout, tx));
         let stream = futures::stream::unfold(rx, |mut rx| async move {
             rx.recv()
                 .await
@@ -492,6 +416,222 @@ impl Inner {
             .body(http_body_util::StreamBody::new(stream).boxed_unsync())
             .expect("static response parts")
     }
+
+    /// What a watch starts from, read under one store lock: the current
+    /// objects (no version asked for) or the events after `requested`. A
+    /// compacted version, or a list the store refuses, is the whole answer.
+    fn watch_start(
+        &self,
+        t: &Target,
+        q: &Query,
+        requested: u64,
+    ) -> Result<WatchStart, Box<http::Response<ResponseBody>>> {
+        let store = self.store.lock().expect("store lock");
+        let kind = store.kinds[t.kind].clone();
+        let initial: Vec<Value> = if requested == 0 {
+            match store.select(t, q) {
+                Ok(items) => items
+                    .into_iter()
+                    .map(|o| json!({ "type": "ADDED", "object": o }))
+                    .collect(),
+                Err(e) => return Err(Box::new(error_response(e))),
+            }
+        } else {
+            match store.events_since(t, requested) {
+                Some(events) => events
+                    .into_iter()
+                    .map(|e| json!({ "type": e.kind_of_change, "object": e.object }))
+                    .collect(),
+                None => vec![json!({ "type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("too old resource version: {requested} ({})", store.compacted + 1),
+                    "reason": "Expired", "code": 410,
+                }})],
+            }
+        };
+        let gone = initial.iter().any(|e| e["type"] == "ERROR");
+        let rv = if requested == 0 {
+            store.resource_version()
+        } else {
+            store.resource_version().max(requested)
+        };
+        if gone {
+            let lines: String = initial.iter().map(|e| format!("{e}\n")).collect();
+            return Err(Box::new(
+                http::Response::builder()
+                    .status(200)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .body(body(lines))
+                    .expect("static response parts"),
+            ));
+        }
+        Ok(WatchStart {
+            initial,
+            rv,
+            changed: store.changed.subscribe(),
+            kind,
+        })
+    }
+}
+
+/// Where a watch starts: its first events, the resourceVersion they bring
+/// it to, and the store's change signal.
+struct WatchStart {
+    initial: Vec<Value>,
+    rv: u64,
+    changed: tokio::sync::watch::Receiver<u64>,
+    kind: Kind,
+}
+
+/// The live half of a watch: the store's events after `seen` that match its
+/// selectors, and bookmarks when asked for.
+struct LiveWatch {
+    inner: Arc<Inner>,
+    target: Target,
+    kind: Kind,
+    labels: selectors::LabelSelector,
+    fields: selectors::FieldSelector,
+    bookmarks: bool,
+    seen: u64,
+    changed: tokio::sync::watch::Receiver<u64>,
+}
+
+impl LiveWatch {
+    /// Sends `initial`, then every change, until `timeout` passes or the
+    /// client goes; a version compacted meanwhile ends it with 410 Gone.
+    async fn send(mut self, initial: Vec<Value>, timeout: Duration, tx: Sender<Bytes>) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for e in initial {
+            if tx.send(Bytes::from(format!("{e}\n"))).await.is_err() {
+                return;
+            }
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tx.closed() => return,
+                r = self.changed.changed() => if r.is_err() { return },
+                _ = tick.tick() => {
+                    if self.bookmarks {
+                        let line = json!({ "type": "BOOKMARK", "object": {
+                            "kind": self.kind.kind, "apiVersion": self.kind.api_version(),
+                            "metadata": { "resourceVersion": self.seen.to_string() },
+                        }});
+                        if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+            }
+            let events = {
+                let store = self.inner.store.lock().expect("store lock");
+                store.events_since(&self.target, self.seen)
+            };
+            let Some(events) = events else {
+                let line = json!({ "type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("too old resource version: {}", self.seen), "reason": "Expired", "code": 410,
+                }});
+                let _ = tx.send(Bytes::from(format!("{line}\n"))).await;
+                return;
+            };
+            for e in events {
+                self.seen = e.rv;
+                let matches = self.labels.matches(&e.object) && self.fields.matches(&e.object);
+                if !matches {
+                    continue;
+                }
+                let line = json!({ "type": e.kind_of_change, "object": e.object });
+                if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    // k8s-openapi's ByteString serializes as base64: no extra crate needed.
+    match serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec())) {
+        Ok(Value::String(s)) => s,
+        _ => unreachable!("ByteString serializes to a string"),
+    }
+}
+
+fn unauthorized() -> http::Response<ResponseBody> {
+    error_response(status(
+        401,
+        "Unauthorized",
+        "Unauthorized".into(),
+        json!({}),
+    ))
+}
+
+/// `pods/<name>/portforward` of namespace `<ns>`, if the path is one.
+fn portforward_target(path: &str) -> Option<(String, String)> {
+    let s: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match s.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", pod, "portforward"] => {
+            Some((ns.to_string(), pod.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// A request that came over HTTPS: its bearer token names the user;
+/// `pods/<name>/portforward` is authorized here and handed to the upgrade
+/// handler, everything else is read whole and goes to [`Inner::handle`].
+async fn serve_https_request(
+    inner: Arc<Inner>,
+    request: http::Request<hyper::body::Incoming>,
+) -> http::Response<ResponseBody> {
+    let token = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let user = token.and_then(|t| inner.tokens.lock().expect("tokens lock").get(&t).cloned());
+    let Some(user) = user else {
+        return unauthorized();
+    };
+    if let Some((ns, pod)) = portforward_target(request.uri().path()) {
+        let attrs = Attributes {
+            user: user.clone(),
+            verb: "create".into(),
+            group: String::new(),
+            resource: "pods".into(),
+            subresource: Some("portforward".into()),
+            namespace: Some(ns.clone()),
+            name: Some(pod.clone()),
+        };
+        if user != ADMIN && !inner.rbac.lock().expect("rbac lock").allows(&attrs) {
+            return error_response(inner.deny(&attrs));
+        }
+        let handler = inner.portforward.lock().expect("lock").clone();
+        return match handler {
+            Some(handler) => handler(request, ns, pod).await.map(|b| b.boxed_unsync()),
+            None => error_response(status(
+                501,
+                "NotImplemented",
+                "port-forward is not served by this test API server (no handler set)".into(),
+                json!({}),
+            )),
+        };
+    }
+    let (parts, incoming) = request.into_parts();
+    let bytes = match incoming.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            return http::Response::builder()
+                .status(400)
+                .body(body(Bytes::from(e.to_string())))
+                .expect("static response parts");
+        }
+    };
+    inner.handle(&user, &parts, bytes).await
 }
 
 fn random_token() -> String {
@@ -570,7 +710,11 @@ impl ApiServer {
             portforward: Mutex::new(None),
             denied: Mutex::new(Vec::new()),
         });
-        let serving = serve::Serving::start(inner.clone()).await?;
+        let serving = serve::Serving::start({
+            let inner = inner.clone();
+            move |request| serve_https_request(inner.clone(), request)
+        })
+        .await?;
         Ok(ApiServer {
             inner,
             serving: Arc::new(serving),
@@ -584,11 +728,7 @@ impl ApiServer {
     /// namespace) grants the same rules (tests/tests/deploy.rs checks that).
     pub async fn management() -> Result<ApiServer> {
         let rbac = kinds::config_dir().join("rbac");
-        Self::start(
-            crate::fleet::MANAGEMENT,
-            &[&rbac, &rbac.join("all-namespaces")],
-        )
-        .await
+        Self::start(MANAGEMENT, &[&rbac, &rbac.join("all-namespaces")]).await
     }
 
     /// A workload cluster's API server: the shipped `config/workload-rbac`.
@@ -659,7 +799,7 @@ impl ApiServer {
     /// A kubeconfig for this server: inline CA data and the bearer token.
     pub fn kubeconfig(&self, user_token: &str) -> String {
         let name = &self.inner.name;
-        let ca = crate::fleet::base64(self.serving.ca_pem.as_bytes());
+        let ca = base64(self.serving.ca_pem.as_bytes());
         format!(
             "apiVersion: v1
 kind: Config

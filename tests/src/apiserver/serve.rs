@@ -1,18 +1,14 @@
 //! HTTPS on 127.0.0.1:<random port>: an rcgen CA signs the serving
-//! certificate; each request's bearer token names its identity.
+//! certificate, and every request goes to the server's handler (which reads
+//! the identity from the bearer token). Knows nothing of the API it serves.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use serde_json::json;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
-
-use super::store::status;
-use super::{Inner, ResponseBody, body, error_response};
 
 /// The listener of one server; stops accepting when dropped.
 pub(crate) struct Serving {
@@ -53,79 +49,16 @@ fn certificates() -> Result<(String, rustls::ServerConfig)> {
     Ok((ca_pem, config))
 }
 
-fn unauthorized() -> http::Response<ResponseBody> {
-    error_response(status(
-        401,
-        "Unauthorized",
-        "Unauthorized".into(),
-        json!({}),
-    ))
-}
-
-/// `pods/<name>/portforward` of namespace `<ns>`, if the path is one.
-fn portforward_target(path: &str) -> Option<(String, String)> {
-    let s: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    match s.as_slice() {
-        ["api", "v1", "namespaces", ns, "pods", pod, "portforward"] => {
-            Some((ns.to_string(), pod.to_string()))
-        }
-        _ => None,
-    }
-}
-
-async fn serve_request(
-    inner: Arc<Inner>,
-    request: http::Request<hyper::body::Incoming>,
-) -> http::Response<ResponseBody> {
-    let token = request
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
-    let user = token.and_then(|t| inner.tokens.lock().expect("tokens lock").get(&t).cloned());
-    let Some(user) = user else {
-        return unauthorized();
-    };
-    if let Some((ns, pod)) = portforward_target(request.uri().path()) {
-        let attrs = super::rbac::Attributes {
-            user: user.clone(),
-            verb: "create".into(),
-            group: String::new(),
-            resource: "pods".into(),
-            subresource: Some("portforward".into()),
-            namespace: Some(ns.clone()),
-            name: Some(pod.clone()),
-        };
-        if user != super::ADMIN && !inner.rbac.lock().expect("rbac lock").allows(&attrs) {
-            return error_response(inner.deny(&attrs));
-        }
-        let handler = inner.portforward.lock().expect("lock").clone();
-        return match handler {
-            Some(handler) => handler(request, ns, pod).await.map(|b| b.boxed_unsync()),
-            None => error_response(status(
-                501,
-                "NotImplemented",
-                "port-forward is not served by this test API server (no handler set)".into(),
-                json!({}),
-            )),
-        };
-    }
-    let (parts, incoming) = request.into_parts();
-    let bytes = match incoming.collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            return http::Response::builder()
-                .status(400)
-                .body(body(Bytes::from(e.to_string())))
-                .expect("static response parts");
-        }
-    };
-    inner.handle(&user, &parts, bytes).await
-}
-
 impl Serving {
-    pub async fn start(inner: Arc<Inner>) -> Result<Serving> {
+    /// Serves `handler` on a new listener until dropped.
+    pub async fn start<H, F, B>(handler: H) -> Result<Serving>
+    where
+        H: Fn(http::Request<hyper::body::Incoming>) -> F + Clone + Send + Sync + 'static,
+        F: Future<Output = http::Response<B>> + Send + 'static,
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let (ca_pem, config) = certificates().context("generating the test API certificates")?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -137,14 +70,14 @@ impl Serving {
                 };
                 // As a real API server's: Go sets TCP_NODELAY on every connection.
                 let _ = tcp.set_nodelay(true);
-                let (acceptor, inner) = (acceptor.clone(), inner.clone());
+                let (acceptor, handler) = (acceptor.clone(), handler.clone());
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
                     let service = hyper::service::service_fn(move |req| {
-                        let inner = inner.clone();
-                        async move { Ok::<_, std::convert::Infallible>(serve_request(inner, req).await) }
+                        let answer = handler(req);
+                        async move { Ok::<_, std::convert::Infallible>(answer.await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tls), service)

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail, ensure};
 
-use super::KubeWorld;
+use super::world::KubeWorld;
 use crate::controller_process::repo;
 
 /// The ```sh blocks of the README section headed `## <title>`, in order.

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::http_probe;
+/// etcd answers its serializable `/health` locally; a member without a
+/// leader answers 503 at once.
+const HTTP_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The longest time between two runs of one probe.
 pub const MAX_PERIOD: Duration = Duration::from_secs(1);
@@ -169,6 +171,26 @@ impl Probes {
             ready: self.ready,
             restart: false,
         }
+    }
+}
+
+/// An HTTP readiness probe as the kubelet runs it: a GET within the probe
+/// timeout, ready on a 2xx or 3xx answer.
+pub(super) async fn http_probe(addr: SocketAddr, path: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await?;
+        Ok::<_, std::io::Error>(head)
+    };
+    match tokio::time::timeout(HTTP_PROBE_TIMEOUT, probe).await {
+        // "HTTP/1.x NNN"
+        Ok(Ok(head)) => matches!(head.get(9), Some(b'2' | b'3')),
+        _ => false,
     }
 }
 

@@ -20,6 +20,10 @@
 //! `describe` would show it (read from `EtcdCluster.status` in the management
 //! API) and every step the controller takes. [`run_demo`] is the whole demo;
 //! the `demo` binary only calls it, and `tests/tests/demo.rs` runs it too.
+//!
+//! The setup and the four phases are the list [`PHASES`], walked in order by
+//! a short loop; how the fleet is shown (the table, steps in plain words)
+//! lives in `show`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
@@ -28,17 +32,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use etcdfleet_api::conditions::{self, AVAILABLE, DEGRADED, PROGRESSING};
-use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, MemberStatus};
+use etcdfleet_api::conditions::{self, AVAILABLE};
+use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster};
 use etcdfleet_controllers::etcdcluster::Outcome;
-use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step};
 use etcdfleet_controllers::render::Names;
+use futures::future::LocalBoxFuture;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 use crate::driver::{TestController, fast_settings};
 use crate::etcd_harness::workspace_root;
 use crate::fleet::Fleet;
+use crate::runtime::BackgroundSync;
+
+mod show;
 
 /// The management namespace of the demo's EtcdClusters and kubeconfig Secrets.
 pub const DEMO_NAMESPACE: &str = "team-a";
@@ -175,8 +182,21 @@ enum Goal {
     },
 }
 
-struct Demo<'a, W: Write> {
-    out: &'a mut W,
+/// One phase of the demo: what it does to the fleet, then waits for.
+type Phase = for<'d, 'a> fn(&'d mut Demo<'a>) -> LocalBoxFuture<'d, Result<()>>;
+
+/// The demo, phase by phase (the module docs tell the story), walked in
+/// order by [`Demo::run`]; each phase writes its own headline and report.
+const PHASES: &[(&str, Phase)] = &[
+    ("publish templates", |d| Box::pin(d.setup())),
+    ("create clusters", |d| Box::pin(d.create_clusters())),
+    ("scale search", |d| Box::pin(d.scale_search())),
+    ("break and heal shop", |d| Box::pin(d.break_and_heal_shop())),
+    ("upgrade payments", |d| Box::pin(d.upgrade_payments())),
+];
+
+struct Demo<'a> {
+    out: &'a mut dyn Write,
     fleet: &'a Fleet,
     options: &'a DemoOptions,
     ctl: TestController,
@@ -193,10 +213,19 @@ struct Demo<'a, W: Write> {
     current: String,
     current_about: String,
     phase_started: Instant,
+    /// The workload runtimes' background syncs, from the setup on.
+    syncs: Vec<BackgroundSync>,
+    /// The member phase 3 broke and what replaced it.
+    healed: Option<HealReport>,
 }
 
-impl<'a, W: Write> Demo<'a, W> {
-    fn new(out: &'a mut W, fleet: &'a Fleet, options: &'a DemoOptions, started: Instant) -> Self {
+impl<'a> Demo<'a> {
+    fn new(
+        out: &'a mut dyn Write,
+        fleet: &'a Fleet,
+        options: &'a DemoOptions,
+        started: Instant,
+    ) -> Self {
         let ctl = TestController::new(
             fleet.management(),
             fleet.client_factory(),
@@ -218,6 +247,8 @@ impl<'a, W: Write> Demo<'a, W> {
             current: String::new(),
             current_about: String::new(),
             phase_started: Instant::now(),
+            syncs: Vec::new(),
+            healed: None,
         }
     }
 
@@ -225,8 +256,17 @@ impl<'a, W: Write> Demo<'a, W> {
         Api::namespaced(self.fleet.management_direct(), DEMO_NAMESPACE)
     }
 
+    /// The demo: every phase of [`PHASES`] in order, then the summary.
     async fn run(&mut self) -> Result<DemoSummary> {
-        // Setup: the platform publishes its templates.
+        for (_, phase) in PHASES {
+            phase(self).await?;
+        }
+        self.summary().await
+    }
+
+    /// Setup: the platform publishes its templates; from then on the
+    /// runtimes play kubelet on their own, as real ones would.
+    async fn setup(&mut self) -> Result<()> {
         self.headline(
             "Publish the platform templates",
             "the ClusterEtcdTemplates of templates/ go into the management API",
@@ -243,10 +283,12 @@ impl<'a, W: Write> Demo<'a, W> {
             self.log(line)?;
         }
         self.finish_phase(Vec::new())?;
-        // Runtimes play kubelet on their own, as real ones would.
-        let _sync = self.fleet.spawn_background_sync(Duration::from_millis(200));
+        self.syncs = self.fleet.spawn_background_sync(Duration::from_millis(200));
+        Ok(())
+    }
 
-        // 1. Three clusters from templates.
+    /// 1. Three clusters from templates.
+    async fn create_clusters(&mut self) -> Result<()> {
         let manifests = [
             manifest("shop", "ha-3", ""),
             manifest(
@@ -273,8 +315,11 @@ impl<'a, W: Write> Demo<'a, W> {
                 .with_context(|| format!("creating EtcdCluster {}", cluster.name_any()))?;
         }
         self.run_phase(Goal::AllAvailable).await?;
+        Ok(())
+    }
 
-        // 2. Scale search 1 → 3.
+    /// 2. Scale search 1 → 3.
+    async fn scale_search(&mut self) -> Result<()> {
         self.headline(
             "Scale search from 1 to 3 members",
             "kubectl scale etcdcluster search --replicas 3: members are added as learners, then promoted, one at a time",
@@ -287,8 +332,11 @@ impl<'a, W: Write> Demo<'a, W> {
             )
             .await?;
         self.run_phase(Goal::AllAvailable).await?;
+        Ok(())
+    }
 
-        // 3. Break a shop follower and let the controller heal it.
+    /// 3. Break a shop follower and let the controller heal it.
+    async fn break_and_heal_shop(&mut self) -> Result<()> {
         let shop = self.api().get("shop").await?;
         let status = shop.status.clone().unwrap_or_default();
         let victim = status
@@ -345,8 +393,12 @@ impl<'a, W: Write> Demo<'a, W> {
             healed.old_id,
             healed.new_id
         ))?;
+        self.healed = Some(healed);
+        Ok(())
+    }
 
-        // 4. Rolling upgrade of payments, 3.5 → 3.6.
+    /// 4. Rolling upgrade of payments, 3.5 → 3.6.
+    async fn upgrade_payments(&mut self) -> Result<()> {
         let (from, to) = (UPGRADE_FROM, UPGRADE_TO);
         self.headline(
             &format!("Upgrade payments from etcd {from} to {to}"),
@@ -366,7 +418,11 @@ impl<'a, W: Write> Demo<'a, W> {
             version: to.into(),
         })
         .await?;
+        Ok(())
+    }
 
+    /// The final table and what the demo did.
+    async fn summary(&mut self) -> Result<DemoSummary> {
         let clusters = self.clusters().await?;
         let reports = WORKLOADS
             .iter()
@@ -387,7 +443,7 @@ impl<'a, W: Write> Demo<'a, W> {
             phases: std::mem::take(&mut self.phases),
             final_table: self.last_table.clone(),
             clusters: reports,
-            healed: Some(healed),
+            healed: self.healed.take(),
             total: self.started.elapsed(),
         })
     }
@@ -514,7 +570,7 @@ impl<'a, W: Write> Demo<'a, W> {
                             text: step.to_string(),
                         });
                         all_converged = false;
-                        let line = format!("{} {name:<9} {}", self.stamp(), plain(step));
+                        let line = format!("{} {name:<9} {}", self.stamp(), show::plain(step));
                         self.log(line)?;
                         format!("acted: {step}")
                     }
@@ -777,45 +833,6 @@ fn check(
     }
 }
 
-/// A step as a person reads it (the planner's own text names internal kinds).
-fn plain(step: &Step) -> String {
-    match step {
-        Step::WriteObjects(kinds) => {
-            let what: Vec<&str> = kinds
-                .iter()
-                .map(|k| match k {
-                    ObjectKind::Pki => "certificate authority",
-                    ObjectKind::Namespace => "namespace",
-                    ObjectKind::ServerTlsSecret => "server certificates",
-                    ObjectKind::PeerTlsSecret => "peer certificates",
-                    ObjectKind::CaBundleConfigMap => "CA bundle",
-                    ObjectKind::PeerService => "peer service",
-                    ObjectKind::ClientService => "client service",
-                    ObjectKind::PodDisruptionBudget => "disruption budget",
-                    ObjectKind::MembersConfigMap => "member list",
-                    ObjectKind::StatefulSet => "StatefulSet",
-                })
-                .collect();
-            format!("write {}", what.join(", "))
-        }
-        Step::Bootstrap { replicas } => {
-            format!("start the cluster with {replicas} member(s)")
-        }
-        Step::ScaleStatefulSet { replicas } => format!("run {replicas} etcd pods"),
-        Step::RecordPvcMember {
-            ordinal,
-            member_id,
-            version,
-        } => match version {
-            Some(v) => {
-                format!("label the data volume of pod {ordinal}: member {member_id:x}, etcd {v}")
-            }
-            None => format!("label the data volume of pod {ordinal}: member {member_id:x}"),
-        },
-        other => other.to_string(),
-    }
-}
-
 /// Whether this process may create a mount namespace and bind-mount in it,
 /// as the workload runtime does for every etcd pod. `Err` says, in one line,
 /// what the demo needs.
@@ -848,178 +865,10 @@ pub fn check_mount_namespaces() -> std::result::Result<(), String> {
     }
 }
 
-/// The fleet as a table: one row per cluster, its members under it.
+/// The fleet as a table: one row per cluster, the demo's workload clusters
+/// first, its members under it.
 pub fn render_table(clusters: &BTreeMap<String, EtcdCluster>) -> String {
-    let header = [
-        "CLUSTER",
-        "WORKLOAD",
-        "TEMPLATE",
-        "VERSION",
-        "MEMBERS",
-        "LEADER",
-        "AVAILABLE",
-        "PROGRESSING",
-        "LAST OPERATION",
-    ];
-    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
-    let ordered: Vec<&EtcdCluster> = WORKLOADS
-        .iter()
-        .filter_map(|n| clusters.get(*n))
-        .chain(
-            clusters
-                .values()
-                .filter(|c| !WORKLOADS.contains(&c.name_any().as_str())),
-        )
-        .collect();
-    for c in &ordered {
-        let status = c.status.clone().unwrap_or_default();
-        let cond = |t: &str| {
-            conditions::find(&status.conditions, t)
-                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-        };
-        let leader = status
-            .members
-            .iter()
-            .find(|m| m.leader)
-            .map_or("-".to_string(), |m| m.name.clone());
-        let last = status
-            .last_operation
-            .as_ref()
-            .map_or("-".to_string(), |op| {
-                let at = op
-                    .time
-                    .as_ref()
-                    .map(|t| format!(" at {}", t.0.strftime("%H:%M:%S")))
-                    .unwrap_or_default();
-                format!("{} {}{at}", op.type_, op.outcome)
-            });
-        rows.push(vec![
-            c.name_any(),
-            c.spec
-                .cluster_ref
-                .as_ref()
-                .map_or("-".to_string(), |r| r.name.clone()),
-            c.spec
-                .template_ref
-                .as_ref()
-                .map_or("-".to_string(), |t| t.name.clone()),
-            status
-                .current_version
-                .clone()
-                .unwrap_or_else(|| "-".to_string()),
-            format!(
-                "{}/{}",
-                status.ready_members,
-                c.spec
-                    .config
-                    .replicas
-                    .map_or("?".to_string(), |r| r.to_string())
-            ),
-            leader,
-            cond(AVAILABLE).map_or("-".to_string(), |(s, _, _)| s),
-            cond(PROGRESSING).map_or("-".to_string(), |(s, r, _)| format!("{s} ({r})")),
-            last,
-        ]);
-    }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let line = |row: &[String]| {
-        let mut s = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ");
-        s.truncate(s.trim_end().len());
-        s.push('\n');
-        s
-    };
-    let mut out = line(&rows[0]);
-    for (c, row) in ordered.iter().zip(&rows[1..]) {
-        out.push_str(&line(row));
-        let status = c.status.clone().unwrap_or_default();
-        out.push_str(&render_members(&status.members));
-        for (t, label) in [(PROGRESSING, "progressing"), (DEGRADED, "degraded")] {
-            if let Some(cond) = conditions::find(&status.conditions, t)
-                && cond.status == "True"
-                && !cond.message.is_empty()
-            {
-                out.push_str(&format!(
-                    "    {label}: {}: {}\n",
-                    cond.reason,
-                    shorten(&cond.message, 110)
-                ));
-            }
-        }
-    }
-    out
-}
-
-fn render_members(members: &[MemberStatus]) -> String {
-    if members.is_empty() {
-        return "    (no members observed yet)\n".to_string();
-    }
-    let mut rows: Vec<[String; 6]> = vec![[
-        "MEMBER".into(),
-        "ID".into(),
-        "HEALTHY".into(),
-        "ROLE".into(),
-        "LEADER".into(),
-        "DB SIZE".into(),
-    ]];
-    for m in members {
-        rows.push([
-            m.name.clone(),
-            m.id.clone().unwrap_or_else(|| "-".into()),
-            if m.healthy { "yes" } else { "NO" }.into(),
-            if m.learner { "learner" } else { "voter" }.into(),
-            if m.leader { "leader" } else { "" }.into(),
-            m.db_size_bytes.map_or("-".into(), human_bytes),
-        ]);
-    }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for (i, row) in rows.iter().enumerate() {
-        let mut s = format!("    {} ", if i == 0 { " " } else { "└" });
-        s.push_str(
-            &row.iter()
-                .zip(&widths)
-                .map(|(cell, w)| format!("{cell:<w$}"))
-                .collect::<Vec<_>>()
-                .join("  "),
-        );
-        out.push_str(s.trim_end());
-        out.push('\n');
-    }
-    for m in members.iter().filter(|m| !m.healthy) {
-        if let Some(msg) = &m.message {
-            out.push_str(&format!("      {}: {}\n", m.name, shorten(msg, 100)));
-        }
-    }
-    out
-}
-
-fn human_bytes(n: i64) -> String {
-    let n = n as f64;
-    if n >= 1024.0 * 1024.0 {
-        format!("{:.1} MiB", n / (1024.0 * 1024.0))
-    } else if n >= 1024.0 {
-        format!("{:.0} KiB", n / 1024.0)
-    } else {
-        format!("{n} B")
-    }
-}
-
-fn shorten(s: &str, max: usize) -> String {
-    let s = s.replace('\n', " ");
-    if s.chars().count() <= max {
-        s
-    } else {
-        format!("{}…", s.chars().take(max).collect::<String>())
-    }
+    show::fleet_table(clusters, &WORKLOADS)
 }
 
 fn write_summary(out: &mut impl Write, summary: &DemoSummary) -> Result<()> {

@@ -1,7 +1,9 @@
 //! The object store of a test API server and the verbs on it: get, list,
 //! create, update, patch (merge, JSON, strategic, apply), delete with
 //! preconditions, finalizers and garbage collection, the status and scale
-//! subresources, and the event history watches are served from.
+//! subresources, and the event history watches are served from. Deletion
+//! (preconditions, finalizers, namespaces, garbage collection) is its own
+//! room, `delete`.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -13,6 +15,8 @@ use super::kinds::Kind;
 use super::patch::{self, PatchType};
 use super::selectors::{FieldSelector, LabelSelector};
 use crate::ssa;
+
+mod delete;
 
 /// An error answer: HTTP code and the Status body.
 #[derive(Debug, Clone)]
@@ -480,36 +484,14 @@ impl Store {
         t: &Target,
         name: &str,
         old: &Value,
-        mut new: Value,
+        new: Value,
         user: &str,
         query: &Query,
         applied: bool,
     ) -> ApiResult<Value> {
         let kind = self.kinds[t.kind].clone();
         let sub = t.subresource.as_deref();
-        match sub {
-            Some("status") => {
-                let status = new.get("status").cloned();
-                new = old.clone();
-                match status {
-                    Some(s) => new["status"] = s,
-                    None => {
-                        if let Some(m) = new.as_object_mut() {
-                            m.remove("status");
-                        }
-                    }
-                }
-            }
-            _ if kind.status => match old.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Some(m) = new.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            },
-            _ => {}
-        }
+        let mut new = respect_status_subresource(&kind, sub, old, new);
         if let Some(body_name) = new["metadata"]["name"].as_str()
             && body_name != name
         {
@@ -527,46 +509,8 @@ impl Store {
         }
         new["apiVersion"] = kind.api_version().into();
         new["kind"] = kind.kind.clone().into();
-        for field in [
-            "uid",
-            "creationTimestamp",
-            "namespace",
-            "name",
-            "deletionTimestamp",
-            "generation",
-        ] {
-            match old["metadata"].get(field) {
-                Some(v) => new["metadata"][field] = v.clone(),
-                None => {
-                    if let Some(m) = new["metadata"].as_object_mut() {
-                        m.remove(field);
-                    }
-                }
-            }
-        }
-        if old["metadata"]["deletionTimestamp"].is_string() {
-            // Finalizers may only be removed from an object being deleted.
-            let before: Vec<Value> = old["metadata"]["finalizers"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let after: Vec<Value> = new["metadata"]["finalizers"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if after.iter().any(|f| !before.contains(f)) {
-                return Err(invalid(
-                    &kind,
-                    name,
-                    &[(
-                        "metadata.finalizers".into(),
-                        "FieldValueForbidden".into(),
-                        "Forbidden: no new finalizers can be added if the object is being deleted"
-                            .into(),
-                    )],
-                ));
-            }
-        }
+        keep_server_metadata(old, &mut new);
+        check_no_new_finalizers(&kind, name, old, &new)?;
         let mut new = self.validate(&kind, name, new, Some(old))?;
         let ts = now();
         if !applied {
@@ -784,206 +728,6 @@ impl Store {
         }
     }
 
-    /// DELETE of one object, with preconditions and finalizers.
-    pub fn delete(
-        &mut self,
-        t: &Target,
-        name: &str,
-        options: &Value,
-        query: &Query,
-    ) -> ApiResult<Value> {
-        let kind = self.kinds[t.kind].clone();
-        let old = self.get(t, name)?;
-        let pre = &options["preconditions"];
-        if let Some(uid) = pre["uid"].as_str()
-            && Some(uid) != old["metadata"]["uid"].as_str()
-        {
-            return Err(conflict(
-                &kind,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    old["metadata"]["uid"].as_str().unwrap_or_default()
-                ),
-            ));
-        }
-        if let Some(rv) = pre["resourceVersion"].as_str()
-            && Some(rv) != old["metadata"]["resourceVersion"].as_str()
-        {
-            return Err(conflict(
-                &kind,
-                name,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    old["metadata"]["resourceVersion"]
-                        .as_str()
-                        .unwrap_or_default()
-                ),
-            ));
-        }
-        if query.dry_run() {
-            return Ok(old);
-        }
-        let policy = options["propagationPolicy"]
-            .as_str()
-            .or(query.get("propagationPolicy"))
-            .unwrap_or(if options["orphanDependents"] == Value::Bool(true) {
-                "Orphan"
-            } else {
-                "Background"
-            })
-            .to_string();
-        let has_finalizers = old["metadata"]["finalizers"]
-            .as_array()
-            .is_some_and(|f| !f.is_empty());
-        if has_finalizers || kind.kind == "Namespace" {
-            if old["metadata"]["deletionTimestamp"].is_string() {
-                return Ok(old);
-            }
-            let mut marked = old.clone();
-            marked["metadata"]["deletionTimestamp"] = now().into();
-            marked["metadata"]["deletionGracePeriodSeconds"] = 0.into();
-            if kind.kind == "Namespace" {
-                marked["status"]["phase"] = "Terminating".into();
-            }
-            marked["metadata"]["resourceVersion"] = self.bump().into();
-            self.objects.insert(self.key(t, name), marked.clone());
-            self.emit(t.kind, "MODIFIED", marked.clone());
-            if kind.kind == "Namespace" {
-                self.empty_namespace(name);
-                return Ok(self
-                    .objects
-                    .get(&self.key(t, name))
-                    .cloned()
-                    .unwrap_or(marked));
-            }
-            return Ok(marked);
-        }
-        let mut gone = old.clone();
-        gone["metadata"]["resourceVersion"] = self.bump().into();
-        self.remove(t.kind, &self.key(t, name), gone.clone(), &policy);
-        Ok(gone)
-    }
-
-    /// Deletes every object in namespace `ns`, then the namespace once empty.
-    fn empty_namespace(&mut self, ns: &str) {
-        let keys: Vec<Key> = self
-            .objects
-            .keys()
-            .filter(|(_, n, _)| n == ns)
-            .cloned()
-            .collect();
-        for (kind, namespace, name) in keys {
-            let t = Target {
-                kind,
-                namespace: Some(namespace),
-                name: Some(name.clone()),
-                subresource: None,
-            };
-            let empty = BTreeMap::new();
-            let _ = self.delete(&t, &name, &json!({}), &Query(&empty));
-        }
-        self.finish_namespace(ns);
-    }
-
-    fn finish_namespace(&mut self, ns: &str) {
-        if ns.is_empty() || self.objects.keys().any(|(_, n, _)| n == ns) {
-            return;
-        }
-        let Some(ns_kind) = self
-            .kinds
-            .iter()
-            .position(|k| k.group.is_empty() && k.resource == "namespaces")
-        else {
-            return;
-        };
-        let key = (ns_kind, String::new(), ns.to_string());
-        if let Some(obj) = self.objects.get(&key)
-            && obj["metadata"]["deletionTimestamp"].is_string()
-        {
-            let mut gone = obj.clone();
-            gone["metadata"]["resourceVersion"] = self.bump().into();
-            self.remove(ns_kind, &key, gone, "Background");
-        }
-    }
-
-    /// Removes an object for good, then collects its dependents.
-    fn remove(&mut self, kind: usize, key: &Key, last: Value, policy: &str) {
-        self.objects.remove(key);
-        self.emit(kind, "DELETED", last.clone());
-        let uid = last["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let dependents: Vec<(Key, Value)> = self
-            .objects
-            .iter()
-            .filter(|(_, o)| {
-                o["metadata"]["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid.as_str()))
-            })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (dep_key, dep) in dependents {
-            let mut updated = dep.clone();
-            if let Some(refs) = updated["metadata"]["ownerReferences"].as_array_mut() {
-                refs.retain(|r| r["uid"] != uid.as_str());
-            }
-            let owners_left = updated["metadata"]["ownerReferences"]
-                .as_array()
-                .is_some_and(|r| !r.is_empty());
-            let t = Target {
-                kind: dep_key.0,
-                namespace: (!dep_key.1.is_empty()).then(|| dep_key.1.clone()),
-                name: Some(dep_key.2.clone()),
-                subresource: None,
-            };
-            if policy == "Orphan" || owners_left {
-                updated["metadata"]["resourceVersion"] = self.bump().into();
-                self.objects.insert(dep_key.clone(), updated.clone());
-                self.emit(dep_key.0, "MODIFIED", updated);
-            } else {
-                let empty = BTreeMap::new();
-                let _ = self.delete(
-                    &t,
-                    &dep_key.2,
-                    &json!({ "propagationPolicy": "Background" }),
-                    &Query(&empty),
-                );
-            }
-        }
-        if !key.1.is_empty() {
-            self.finish_namespace(&key.1.clone());
-        }
-    }
-
-    pub fn delete_collection(
-        &mut self,
-        t: &Target,
-        options: &Value,
-        query: &Query,
-    ) -> ApiResult<Value> {
-        let items = self.select(t, query)?;
-        for item in &items {
-            let name = item["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let tt = Target {
-                namespace: item["metadata"]["namespace"].as_str().map(str::to_string),
-                name: Some(name.clone()),
-                ..t.clone()
-            };
-            self.delete(&tt, &name, options, query)?;
-        }
-        let kind = &self.kinds[t.kind];
-        Ok(json!({
-            "kind": format!("{}List", kind.kind), "apiVersion": kind.api_version(),
-            "metadata": { "resourceVersion": self.rv.to_string() }, "items": items,
-        }))
-    }
-
     /// Events after `rv` for a watch of `t`, or `None` if `rv` is compacted.
     pub fn events_since(&self, t: &Target, rv: u64) -> Option<Vec<Event>> {
         if rv < self.compacted {
@@ -1001,6 +745,89 @@ impl Store {
                 .collect(),
         )
     }
+}
+
+/// The status subresource owns `status`: a write to it changes only
+/// status (the rest stays as stored); a write to an object of a kind with
+/// the subresource keeps the stored status.
+fn respect_status_subresource(
+    kind: &Kind,
+    sub: Option<&str>,
+    old: &Value,
+    mut new: Value,
+) -> Value {
+    match sub {
+        Some("status") => {
+            let status = new.get("status").cloned();
+            new = old.clone();
+            match status {
+                Some(s) => new["status"] = s,
+                None => {
+                    if let Some(m) = new.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+        }
+        _ if kind.status => match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        },
+        _ => {}
+    }
+    new
+}
+
+/// The metadata the server owns stays as stored, whatever a write sends.
+fn keep_server_metadata(old: &Value, new: &mut Value) {
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "namespace",
+        "name",
+        "deletionTimestamp",
+        "generation",
+    ] {
+        match old["metadata"].get(field) {
+            Some(v) => new["metadata"][field] = v.clone(),
+            None => {
+                if let Some(m) = new["metadata"].as_object_mut() {
+                    m.remove(field);
+                }
+            }
+        }
+    }
+}
+
+/// Finalizers may only be removed from an object being deleted.
+fn check_no_new_finalizers(kind: &Kind, name: &str, old: &Value, new: &Value) -> ApiResult<()> {
+    if !old["metadata"]["deletionTimestamp"].is_string() {
+        return Ok(());
+    }
+    let before: Vec<Value> = old["metadata"]["finalizers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let after: Vec<Value> = new["metadata"]["finalizers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if after.iter().any(|f| !before.contains(f)) {
+        return Err(invalid(
+            kind,
+            name,
+            &[(
+                "metadata.finalizers".into(),
+                "FieldValueForbidden".into(),
+                "Forbidden: no new finalizers can be added if the object is being deleted".into(),
+            )],
+        ));
+    }
+    Ok(())
 }
 
 fn uuid_like() -> String {

@@ -1,0 +1,209 @@
+//! Writers that prove no acknowledged write is lost across an operation:
+//! they write keys continuously while a test upgrades, scales or breaks a
+//! cluster, record which writes etcd acknowledged, and read them all back
+//! afterwards.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig};
+
+/// What an [`AckedWriter`] did.
+#[derive(Debug, Default, Clone)]
+pub struct WriteReport {
+    /// Writes etcd acknowledged: key → value.
+    pub acknowledged: BTreeMap<String, String>,
+    /// Writes that failed or timed out (their outcome is unknown).
+    pub failed: u64,
+    /// The longest time between two acknowledged writes (a
+    /// [`FollowingWriter`]'s; zero for an [`AckedWriter`]).
+    pub longest_pause: Duration,
+}
+
+/// Writes keys `<prefix>/<seq>` continuously, like [`AckedWriter`], through
+/// whichever member answers: endpoints (each with its own TLS) can be added
+/// while it runs, and a failed write moves on to the next one, as a client
+/// given every member's URL does. Records the longest pause between two
+/// acknowledged writes: how long clients could not write.
+pub struct FollowingWriter {
+    stop: Arc<AtomicBool>,
+    endpoints: Arc<Mutex<Vec<(String, EtcdConfig)>>>,
+    task: tokio::task::JoinHandle<Result<WriteReport>>,
+}
+
+impl FollowingWriter {
+    pub fn start(endpoints: Vec<(String, EtcdConfig)>, prefix: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let endpoints = Arc::new(Mutex::new(endpoints));
+        let task = tokio::spawn(follow_writes(
+            stop.clone(),
+            endpoints.clone(),
+            prefix.to_string(),
+        ));
+        FollowingWriter {
+            stop,
+            endpoints,
+            task,
+        }
+    }
+
+    /// Adds an endpoint (once).
+    pub fn add(&self, endpoint: String, config: EtcdConfig) {
+        let mut endpoints = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        if !endpoints.iter().any(|(e, _)| *e == endpoint) {
+            endpoints.push((endpoint, config));
+        }
+    }
+
+    /// Stops writing and returns what was acknowledged.
+    pub async fn stop(self) -> Result<WriteReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await?
+    }
+}
+
+async fn follow_writes(
+    stop: Arc<AtomicBool>,
+    endpoints: Arc<Mutex<Vec<(String, EtcdConfig)>>>,
+    prefix: String,
+) -> Result<WriteReport> {
+    let mut clients: BTreeMap<String, etcd_client::Client> = BTreeMap::new();
+    let mut report = WriteReport::default();
+    let (mut seq, mut at) = (0u64, 0usize);
+    let mut last_ack: Option<Instant> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let (endpoint, config) = {
+            let list = endpoints.lock().unwrap_or_else(|p| p.into_inner());
+            list[at % list.len()].clone()
+        };
+        if !clients.contains_key(&endpoint) {
+            let client = ClusterClient::connect(std::slice::from_ref(&endpoint), &config).await?;
+            clients.insert(endpoint.clone(), client.kv());
+        }
+        let kv = clients.get_mut(&endpoint).expect("just inserted");
+        seq += 1;
+        let (key, value) = (format!("{prefix}/{seq:08}"), format!("value-{seq}"));
+        let put = tokio::time::timeout(
+            Duration::from_secs(2),
+            kv.put(key.as_str(), value.as_str(), None),
+        )
+        .await;
+        if let Ok(Ok(_)) = put {
+            report.acknowledged.insert(key, value);
+            let now = Instant::now();
+            if let Some(last) = last_ack {
+                report.longest_pause = report.longest_pause.max(now - last);
+            }
+            last_ack = Some(now);
+        } else {
+            report.failed += 1;
+            at += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(report)
+}
+
+/// Writes keys `<prefix>/<seq>` continuously through a client balanced over
+/// all endpoints and records which writes etcd acknowledged; afterwards,
+/// [`verify_acknowledged`] proves every one of them is readable.
+pub struct AckedWriter {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Result<WriteReport>>,
+}
+
+impl AckedWriter {
+    pub async fn start(endpoints: Vec<String>, config: EtcdConfig, prefix: &str) -> Result<Self> {
+        let client = ClusterClient::connect(&endpoints, &config).await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let prefix = prefix.to_string();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut kv = client.kv();
+                let mut report = WriteReport::default();
+                let mut seq = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    seq += 1;
+                    let key = format!("{prefix}/{seq:08}");
+                    let value = format!("value-{seq}");
+                    let put = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        kv.put(key.as_str(), value.as_str(), None),
+                    )
+                    .await;
+                    match put {
+                        Ok(Ok(_)) => {
+                            report.acknowledged.insert(key, value);
+                        }
+                        _ => {
+                            report.failed += 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Ok(report)
+            }
+        });
+        Ok(AckedWriter { stop, task })
+    }
+
+    /// Stops writing and returns what was acknowledged.
+    pub async fn stop(self) -> Result<WriteReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await?
+    }
+}
+
+/// The acknowledged writes of `report` that `stored` (what was read back)
+/// lacks or holds with another value.
+pub fn lost_writes<'a>(
+    report: &'a WriteReport,
+    stored: &BTreeMap<String, String>,
+) -> Vec<&'a String> {
+    report
+        .acknowledged
+        .iter()
+        .filter(|(k, v)| stored.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// Reads `prefix` back (linearizably, through `endpoints`) and checks every
+/// acknowledged write is there with its value. Returns how many were checked.
+pub async fn verify_acknowledged(
+    report: &WriteReport,
+    endpoints: &[String],
+    config: &EtcdConfig,
+    prefix: &str,
+) -> Result<usize> {
+    let mut kv = ClusterClient::connect(endpoints, config).await?.kv();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(10),
+        kv.get(
+            format!("{prefix}/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        ),
+    )
+    .await
+    .context("reading back acknowledged writes timed out")??;
+    let stored: BTreeMap<String, String> = resp
+        .kvs()
+        .iter()
+        .map(|kv| Ok((kv.key_str()?.to_string(), kv.value_str()?.to_string())))
+        .collect::<Result<_, etcd_client::Error>>()?;
+    let lost = lost_writes(report, &stored);
+    ensure!(
+        lost.is_empty(),
+        "{} of {} acknowledged writes lost, first: {:?}",
+        lost.len(),
+        report.acknowledged.len(),
+        lost.iter().take(5).collect::<Vec<_>>()
+    );
+    Ok(report.acknowledged.len())
+}
