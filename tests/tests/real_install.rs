@@ -73,7 +73,13 @@ async fn real_install_section_of_the_readme_runs_verbatim_on_an_empty_cluster() 
         "-o",
         "jsonpath={.status.readyReplicas}",
     ])?;
-    assert_eq!(ready.trim(), "2", "both prod replicas ready");
+    assert_eq!(
+        ready.trim(),
+        "2",
+        "both prod replicas ready; pods: {}\n{}",
+        world.kubectl(&["get", "pods", "-n", "etcdfleet-system", "-o", "yaml"])?,
+        world.management_kubelet.runtime.all_pod_logs(40)
+    );
     let holder = world.kubectl(&[
         "get",
         "lease/etcdfleet-controller",

@@ -83,6 +83,13 @@ async fn real_quickstart_of_the_readme_runs_verbatim_from_an_empty_cluster() -> 
         }
     }
     let available_after = available_after.context("no block waits for Available")?;
+    // docs/development.md: about 12 s from an empty management cluster to
+    // an Available three-member cluster (the controller's Deployment
+    // starting, then each learner's 5 s strict-reconfiguration wait).
+    assert!(
+        available_after <= std::time::Duration::from_secs(45),
+        "Available only after {available_after:?}"
+    );
     eprintln!(
         "quickstart: empty control plane to Available in {:.1} s; every block in {:.1} s",
         available_after.as_secs_f64(),

@@ -382,6 +382,17 @@ impl ControlPlane {
         client_from_kubeconfig(&self.admin_kubeconfig()).await
     }
 
+    /// An admin client that returns the API server's first answer: kube's
+    /// default client retries 429, 503 and 504 (after `Retry-After`), which
+    /// would hide, say, an eviction the PodDisruptionBudget refused.
+    pub async fn admin_client_without_retries(&self) -> Result<Client> {
+        let kubeconfig = Kubeconfig::from_yaml(&self.admin_kubeconfig())?;
+        let mut config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        config.default_retry = false;
+        Ok(Client::try_from(config)?)
+    }
+
     /// A client as `user` (a user given at start).
     pub async fn client_as(&self, user: &str) -> Result<Client> {
         client_from_kubeconfig(&self.kubeconfig_for(user)).await
