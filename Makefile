@@ -16,7 +16,7 @@ rust-tools:
 # layout (FROM scratch, written by umoci), tagged v<workspace version>, in
 # target/image/oci. See hack/build-image.sh.
 image: tools
-	./hack/build-image.sh
+	./hack/build-image.sh || { status=$$?; ./hack/disk-hint.sh; exit $$status; }
 
 # The previous release's binary (CHANGELOG.md), built from its commit in a
 # worktree and cached by commit, for the upgrade test.

@@ -119,17 +119,29 @@ pub(super) struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // Processes die with their EtcdProcess (State drops after this).
-        // `ETCDFLEET_KEEP_PODS=1` keeps them after a passing run too.
-        if (std::thread::panicking() || std::env::var_os("ETCDFLEET_KEEP_PODS").is_some())
+        // A failing test keeps the pod logs (kilobytes); its volumes (etcd
+        // data, 60+ MiB per member for the preallocated WAL) go, or a run with
+        // many failures fills the disk. `ETCDFLEET_KEEP_PODS=1` keeps both,
+        // after a passing run too.
+        let keep_all = std::env::var_os("ETCDFLEET_KEEP_PODS").is_some();
+        if (std::thread::panicking() || keep_all)
             && let Some(dir) = self.dir.take()
         {
             let path = dir.keep();
+            let kept = if keep_all {
+                "pod logs and volumes"
+            } else {
+                let _ = fs::remove_dir_all(path.join("pvc"));
+                "pod logs"
+            };
             eprintln!(
-                "workload runtime {}: pod logs and volumes kept in {}",
+                "workload runtime {}: {kept} kept in {}",
                 self.server_url,
                 path.display()
             );
-            return;
+            if keep_all {
+                return;
+            }
         }
         for volume in self.host_volumes.lock().expect("lock").iter() {
             let _ = fs::remove_dir_all(volume);
