@@ -32,6 +32,7 @@ use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
 use crate::rollout;
 pub use crate::shutdown::Shutdown;
+use crate::shutdown::drain_if_started;
 
 /// How long one attempt to reach the API server may take before it counts as
 /// failed (a server that accepts and never answers must not stall start-up).
@@ -400,20 +401,20 @@ fn start_controllers(
         let controller = Controller::new(api, watch_config.clone())
             .with_config(controller_config.clone())
             .graceful_shutdown_on(shutdown.wait());
-        stores.push(controller.store());
+        let store = controller.store();
+        stores.push(store.clone());
         let server = server.to_string();
-        loops.spawn(
-            controller
-                .run(
-                    etcdcluster::reconcile,
-                    etcdcluster::error_policy,
-                    ctx.clone(),
-                )
-                .for_each(move |result| {
-                    log_controller_error(result.err(), &server);
-                    futures::future::ready(())
-                }),
-        );
+        let run = controller
+            .run(
+                etcdcluster::reconcile,
+                etcdcluster::error_policy,
+                ctx.clone(),
+            )
+            .for_each(move |result| {
+                log_controller_error(result.err(), &server);
+                futures::future::ready(())
+            });
+        loops.spawn(drain_if_started(run, store, shutdown.wait()));
     }
     loops.spawn(run_rollouts(
         stores,
@@ -474,8 +475,10 @@ async fn run_rollouts(
     if let Some(selector) = &config.label_selector {
         watch_config = watch_config.labels(selector);
     }
-    Controller::new(Api::<EtcdFleetRollout>::all(client), watch_config)
-        .graceful_shutdown_on(shutdown.wait())
+    let controller = Controller::new(Api::<EtcdFleetRollout>::all(client), watch_config)
+        .graceful_shutdown_on(shutdown.wait());
+    let store = controller.store();
+    let run = controller
         .run(rollout::reconcile, rollout::error_policy, rollouts)
         .for_each(move |result| {
             if let Err(e) = result {
@@ -488,8 +491,8 @@ async fn run_rollouts(
                 }
             }
             futures::future::ready(())
-        })
-        .await;
+        });
+    drain_if_started(run, store, shutdown.wait()).await;
 }
 
 /// Whether a cluster controller's cache got its first list (false: its

@@ -214,6 +214,8 @@ where
     use futures::{FutureExt, StreamExt};
     use kube::runtime::{Controller, watcher};
 
+    use crate::shutdown::drain_if_started;
+
     let ctx = Arc::new(Context::new(cluster_ctx));
     let client = ctx.access().management.clone();
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
@@ -231,26 +233,28 @@ where
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        runs.push(FutureExt::boxed(
-            Controller::new(backups, watcher::Config::default())
-                .graceful_shutdown_on(shutdown())
-                .run(reconcile, error_policy, ctx.clone())
-                .for_each(|r| async move {
-                    if let Err(e) = r {
-                        warn!(error = %e, "backup reconcile failed");
-                    }
-                }),
-        ));
-        runs.push(FutureExt::boxed(
-            Controller::new(schedules, watcher::Config::default())
-                .graceful_shutdown_on(shutdown())
-                .run(schedule::reconcile, schedule::error_policy, ctx.clone())
-                .for_each(|r| async move {
-                    if let Err(e) = r {
-                        warn!(error = %e, "backup schedule reconcile failed");
-                    }
-                }),
-        ));
+        let backups =
+            Controller::new(backups, watcher::Config::default()).graceful_shutdown_on(shutdown());
+        let store = backups.store();
+        let run = backups
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    warn!(error = %e, "backup reconcile failed");
+                }
+            });
+        runs.push(FutureExt::boxed(drain_if_started(run, store, shutdown())));
+        let schedules =
+            Controller::new(schedules, watcher::Config::default()).graceful_shutdown_on(shutdown());
+        let store = schedules.store();
+        let run = schedules
+            .run(schedule::reconcile, schedule::error_policy, ctx.clone())
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    warn!(error = %e, "backup schedule reconcile failed");
+                }
+            });
+        runs.push(FutureExt::boxed(drain_if_started(run, store, shutdown())));
     }
     futures::future::join_all(runs).await;
 }

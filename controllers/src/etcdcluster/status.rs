@@ -689,6 +689,27 @@ impl Builder {
         });
         if error.is_none() {
             self.ca_rotation_moved(step);
+            self.restarted(step);
+        }
+    }
+
+    /// A member the controller has just restarted gets its failure grace
+    /// afresh: until it is up again, its trouble is the restart's, not the
+    /// one it may have had before (a member that could not start on a
+    /// version, restarted onto the one its data ran, must not be removed
+    /// while it starts).
+    fn restarted(&mut self, step: &Step) {
+        let Step::RestartMember { member_id, .. } = step else {
+            return;
+        };
+        let id = format!("{member_id:x}");
+        if let Some(m) = self
+            .new
+            .members
+            .iter_mut()
+            .find(|m| m.id.as_ref() == Some(&id))
+        {
+            m.unhealthy_since = None;
         }
     }
 }
@@ -824,6 +845,37 @@ mod tests {
             Some("c-etcd-2"),
             "growing starts the last ordinal"
         );
+    }
+
+    #[test]
+    fn a_restarted_member_starts_its_failure_grace_afresh() {
+        let mut status = restarted("c-etcd-0");
+        status.members = vec![MemberStatus {
+            name: "c-etcd-1".into(),
+            id: Some(format!("{:x}", 101)),
+            unhealthy_since: Some(now()),
+            ..Default::default()
+        }];
+        let mut report = Report::new(&cluster(status));
+        report.observed(&one_down(1));
+        let since = |r: &Report| {
+            r.new
+                .members
+                .iter()
+                .find(|m| m.name == "c-etcd-1")
+                .unwrap()
+                .unhealthy_since
+                .clone()
+        };
+        assert!(since(&report).is_some(), "down, and counted");
+        report.acted(
+            &Step::RestartMember {
+                ordinal: 1,
+                member_id: 101,
+            },
+            None,
+        );
+        assert_eq!(since(&report), None, "the restart's own grace starts");
     }
 
     #[test]
