@@ -12,9 +12,17 @@ fn listed(map: &str, heading: &str) -> Vec<String> {
     map[start + heading.len()..]
         .lines()
         .skip_while(|l| !l.trim_start().starts_with("1."))
-        .take_while(|l| l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .take_while(|l| {
+            l.trim_start()
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit())
+        })
         .map(|l| {
-            let name = l.split("**").nth(1).unwrap_or_else(|| panic!("no bold name: {l}"));
+            let name = l
+                .split("**")
+                .nth(1)
+                .unwrap_or_else(|| panic!("no bold name: {l}"));
             name.to_string()
         })
         .collect()

@@ -11,12 +11,12 @@ use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::EtcdCluster;
 use etcdfleet_controllers::cli::{Manifests, plan_cluster};
 use etcdfleet_controllers::connector::KubeconfigLocation;
+use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::cluster_object::ClusterObject;
 use etcdfleet_controllers::etcdcluster::observe;
-use etcdfleet_controllers::etcdcluster::plan::step::{Plan, RemovalCause, Step};
 use etcdfleet_controllers::etcdcluster::plan::plan_next_step;
+use etcdfleet_controllers::etcdcluster::plan::step::{Plan, RemovalCause, Step};
 use etcdfleet_controllers::etcdcluster::resolve::resolve_cluster;
-use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_tests::driver::{TestController, fast_settings};
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::Fleet;
@@ -43,7 +43,12 @@ fn offline_plan(cluster: &EtcdCluster) -> Result<Plan> {
     let mut manifests = Manifests::default();
     manifests.clusters.push(cluster.clone());
     let grace = fast_settings().member_failure_grace;
-    let planned = plan_cluster(cluster, &manifests, k8s_openapi::jiff::Timestamp::now(), grace);
+    let planned = plan_cluster(
+        cluster,
+        &manifests,
+        k8s_openapi::jiff::Timestamp::now(),
+        grace,
+    );
     planned
         .planned
         .with_context(|| format!("plan asked no planner: {}", planned.next))
@@ -106,7 +111,12 @@ async fn plan_and_the_controller_name_the_same_next_step_on_the_same_cluster_sta
 
     // The middle of a roll: the StatefulSet carries the new version and no
     // member has been restarted yet: a follower goes first.
-    patch_spec(&fleet, "etcd", serde_json::json!({ "version": new.release })).await?;
+    patch_spec(
+        &fleet,
+        "etcd",
+        serde_json::json!({ "version": new.release }),
+    )
+    .await?;
     reconcile_until(&fleet, &ctl, "etcd", |o| {
         matches!(o, Outcome::Acted(Step::WriteObjects(_)))
     })
@@ -120,7 +130,12 @@ async fn plan_and_the_controller_name_the_same_next_step_on_the_same_cluster_sta
 
     // A member failed past its failure grace (its data wiped: it cannot
     // rejoin), listed unhealthy in the status: both remove it.
-    patch_spec(&fleet, "etcd", serde_json::json!({ "version": old.release })).await?;
+    patch_spec(
+        &fleet,
+        "etcd",
+        serde_json::json!({ "version": old.release }),
+    )
+    .await?;
     reconcile_until(&fleet, &ctl, "etcd", |o| *o == Outcome::Converged).await?;
     fleet
         .runtime("a")

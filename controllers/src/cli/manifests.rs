@@ -6,7 +6,9 @@
 use std::fmt;
 
 use etcdfleet_api::template::ResolveError;
-use etcdfleet_api::{ClusterEtcdTemplate, EtcdCluster, EtcdFleetRollout, EtcdTemplate, TemplateKind};
+use etcdfleet_api::{
+    ClusterEtcdTemplate, EtcdCluster, EtcdFleetRollout, EtcdTemplate, TemplateKind,
+};
 use kube::ResourceExt;
 use serde::Deserialize;
 

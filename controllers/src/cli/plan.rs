@@ -31,9 +31,9 @@ use crate::etcdcluster::observe::history::History;
 use crate::etcdcluster::plan::observation::{
     EtcdObservation, Observation, PodObservation, PvcObservation, StatefulSetObservation,
 };
+use crate::etcdcluster::plan::plan_next_step;
 use crate::etcdcluster::plan::quorum::{QuorumView, quorum_view};
 use crate::etcdcluster::plan::step::{Plan, RemovalCause, Step};
-use crate::etcdcluster::plan::plan_next_step;
 use crate::etcdcluster::resolve::{
     ResolutionSource, render_inputs, resolution_source, resolve_own_spec,
 };
@@ -585,4 +585,3 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
     };
     out
 }
-

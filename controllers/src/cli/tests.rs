@@ -416,8 +416,7 @@ fn a_status_with_a_version_but_no_members_tells_one_story() {
     }
     assert!(!refused.contains("create:"), "{refused}");
     // A new cluster (no version in status) is still created.
-    let new =
-        plan(&with("3.5.1").replace("status: {currentVersion: 3.5.1}\n", ""))[0].to_string();
+    let new = plan(&with("3.5.1").replace("status: {currentVersion: 3.5.1}\n", ""))[0].to_string();
     assert!(new.contains("create: no members in status yet"), "{new}");
 }
 

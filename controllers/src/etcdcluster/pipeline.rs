@@ -25,6 +25,7 @@ use kube::runtime::events::EventType;
 use tracing::field::Empty;
 use tracing::{Instrument, Span, info, info_span, warn};
 
+use super::act;
 use super::admission::{self, Admission, Candidate};
 use super::cluster_object::ClusterObject;
 use super::context::{Context, Error, FINALIZER, Outcome, Result, cluster_key};
@@ -35,7 +36,6 @@ use super::plan::{self};
 use super::requeue::{held_requeue, in_flight_requeue, jitter, requeue_for};
 use super::resolve::{self, Resolved};
 use super::status::{self, Composed, Decision, Learned, Remote};
-use super::act;
 use crate::connector::{ConnectError, KubeconfigLocation, WorkloadCluster};
 use crate::metrics::PlanLabel;
 
@@ -361,8 +361,7 @@ impl<'a> Run<'a> {
             server: connected.workload.server.clone(),
         });
         self.learned.observation = Some(observed.planner.clone());
-        if observed.restore_record.is_some() || observed.planner.restore != RestoreGate::NotNeeded
-        {
+        if observed.restore_record.is_some() || observed.planner.restore != RestoreGate::NotNeeded {
             let gate = observed.planner.restore.clone();
             if let RestoreGate::Refused(r) = &gate {
                 publish(ctx, self.cluster, EventType::Warning, r.reason, &r.message).await;
@@ -490,7 +489,14 @@ impl<'a> Run<'a> {
         match result {
             Ok(record) => {
                 self.learned.snapshot = record.snapshot;
-                publish(ctx, cluster, EventType::Normal, step.kind(), &step.to_string()).await;
+                publish(
+                    ctx,
+                    cluster,
+                    EventType::Normal,
+                    step.kind(),
+                    &step.to_string(),
+                )
+                .await;
                 Ok(Outcome::Acted(step))
             }
             Err(e) => {

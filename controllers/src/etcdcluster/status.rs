@@ -81,9 +81,14 @@ pub enum VersionVerdict {
 
 /// Whether the workload API answered this reconcile.
 pub enum Remote {
-    Reachable { server: String },
+    Reachable {
+        server: String,
+    },
     /// Why not: the connector's short reason and its message.
-    Unreachable { reason: &'static str, message: String },
+    Unreachable {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 /// What the reconcile decided, and how the step went.
@@ -97,7 +102,10 @@ pub enum Decision {
     /// About to take a step whose intent is recorded first (a retirement).
     Acting,
     /// Took `step`; `error` says how it failed, if it did.
-    Acted { step: Step, error: Option<String> },
+    Acted {
+        step: Step,
+        error: Option<String>,
+    },
 }
 
 /// The status [`compose`] made, and what the reconcile says about it.
@@ -255,9 +263,7 @@ impl Builder {
     fn restore_checked(&mut self, gate: &RestoreGate) {
         use etcdfleet_api::restore::RESTORE_FAILED;
         match gate {
-            RestoreGate::Refused(r) => {
-                self.set(RESTORE_FAILED, true, r.reason, r.message.clone())
-            }
+            RestoreGate::Refused(r) => self.set(RESTORE_FAILED, true, r.reason, r.message.clone()),
             RestoreGate::Verified => self.set(
                 RESTORE_FAILED,
                 false,
@@ -856,9 +862,9 @@ mod tests {
             unhealthy_since: Some(now()),
             ..Default::default()
         }];
-        let mut report = Report::new(&cluster(status));
+        let mut report = Builder::new(&cluster(status));
         report.observed(&one_down(1));
-        let since = |r: &Report| {
+        let since = |r: &Builder| {
             r.new
                 .members
                 .iter()

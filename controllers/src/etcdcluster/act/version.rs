@@ -48,9 +48,9 @@ pub(super) async fn execute(
             etcd.cancel_downgrade().await?;
             Ok(None)
         }
-        VersionStep::ForgetAcknowledgement { .. } => {
-            withdraw_acknowledgement(cluster, object).await.map(|()| None)
-        }
+        VersionStep::ForgetAcknowledgement { .. } => withdraw_acknowledgement(cluster, object)
+            .await
+            .map(|()| None),
     }
 }
 

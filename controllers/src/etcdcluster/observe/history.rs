@@ -106,7 +106,10 @@ mod tests {
 
     #[test]
     fn a_member_is_failed_once_its_stored_unhealthy_since_is_older_than_the_grace() {
-        let health = ClusterHealth::new(vec![member(0, true, true, false), member(1, false, false, false)]);
+        let health = ClusterHealth::new(vec![
+            member(0, true, true, false),
+            member(1, false, false, false),
+        ]);
         let since = |ago: i64| {
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(ago),
@@ -134,7 +137,12 @@ mod tests {
             failed_members(&unnamed, &health, grace, Timestamp::now()),
             BTreeSet::from([101])
         );
-        let history = History::of(&status(300), (Some(&health), &names()), grace, Timestamp::now());
+        let history = History::of(
+            &status(300),
+            (Some(&health), &names()),
+            grace,
+            Timestamp::now(),
+        );
         assert_eq!(history.failed_members, BTreeSet::from([101]));
         assert!(history.failed_long_ago.is_empty(), "five graces not yet");
         assert!(history.had_members);

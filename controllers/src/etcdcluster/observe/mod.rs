@@ -159,8 +159,7 @@ pub async fn observe(
         k8s_openapi::jiff::Timestamp::now(),
     );
     let bootstrapped = statefulset.statefulset.is_some() || history.known_voters > 0;
-    let restore =
-        restore::read(cluster, &inputs.version, bootstrapped, &members.pvcs, ctx).await?;
+    let restore = restore::read(cluster, &inputs.version, bootstrapped, &members.pvcs, ctx).await?;
 
     let readings = Readings {
         names: w.names.clone(),
@@ -177,13 +176,16 @@ pub async fn observe(
             tls_secret_ca_present: objects.tls_secret_ca_present,
             pki_present: pki.pki.is_some(),
         },
-        statefulset: statefulset.statefulset.as_ref().map(|s| StatefulSetObservation {
-            replicas: sts_replicas,
-            image: render::statefulset_image(s).unwrap_or_default().to_string(),
-            template_hash: render::statefulset_template_hash(s).map(str::to_string),
-            template_seen: s.status.as_ref().and_then(|st| st.observed_generation)
-                >= s.metadata.generation,
-        }),
+        statefulset: statefulset
+            .statefulset
+            .as_ref()
+            .map(|s| StatefulSetObservation {
+                replicas: sts_replicas,
+                image: render::statefulset_image(s).unwrap_or_default().to_string(),
+                template_hash: render::statefulset_template_hash(s).map(str::to_string),
+                template_seen: s.status.as_ref().and_then(|st| st.observed_generation)
+                    >= s.metadata.generation,
+            }),
         pods: (members.pods.iter())
             .map(|(o, p)| (*o, volumes::pod_observation(p)))
             .collect(),

@@ -61,7 +61,10 @@ pub const RULES: &[(&str, Rule)] = &[
     // A lost CA Secret that a person asked to recover is rebuilt from the
     // members' trust instead of refused.
     ("CA rotation: recover a lost CA", O(ca_rotation::recover)),
-    ("objects owned elsewhere", O(guards::objects_owned_elsewhere)),
+    (
+        "objects owned elsewhere",
+        O(guards::objects_owned_elsewhere),
+    ),
     ("lost PKI", O(guards::pki_lost)),
     ("storage immutable", O(guards::storage_immutable)),
     (
