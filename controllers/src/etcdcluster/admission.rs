@@ -12,8 +12,8 @@ use kube::{Resource, ResourceExt};
 use super::context::{FINALIZER, Outcome};
 use super::plan::guards::identity_mismatch;
 use super::plan::step::Refusal;
-use super::resolve::resolve_own_spec;
 use crate::connector::KubeconfigLocation;
+use etcdfleet_api::template::resolve_own_spec;
 
 /// What admission decided.
 #[derive(Debug, Clone, PartialEq)]

@@ -29,6 +29,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod requeue;
 pub mod resolve;
+pub mod resolved;
 pub mod status;
 
 pub use crate::access::OwnerFilter;

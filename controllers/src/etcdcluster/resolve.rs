@@ -9,8 +9,9 @@
 //! annotation [`REBASE_ANNOTATION`] — re-resolves from the current template,
 //! changing only fields that still hold the values written last time.
 
+pub use etcdfleet_api::template::resolve_own_spec;
 use etcdfleet_api::template::{Resolution, ResolveError, ResolvedEtcdSpec, resolve};
-use etcdfleet_api::version::{VersionChange, decide_for, image_for, parse_full_version};
+use etcdfleet_api::version::{decide_for, image_for, parse_full_version};
 use etcdfleet_api::{
     AppliedTemplate, ClusterEtcdTemplate, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTemplate,
     EtcdTuning, StorageSpec, TemplateKind, TlsSpec,
@@ -20,6 +21,7 @@ use kube::{Resource, ResourceExt};
 
 use super::cluster_object::ClusterObject;
 use super::context::{Context, Error, Result, now};
+pub use super::resolved::Resolved;
 use super::status::{TemplateOutcome, VersionVerdict};
 use crate::render::RenderInputs;
 
@@ -27,24 +29,6 @@ pub use etcdfleet_api::template::REBASE_ANNOTATION;
 /// Annotation holding the template values last written into the spec (JSON),
 /// so a rebase can tell a user's edit from a template default.
 pub const MATERIALIZED_ANNOTATION: &str = "etcdfleet.dev/materialized-values";
-
-/// The resolved cluster, ready to render.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    pub resolution: Resolution,
-    /// What to render with: the resolved spec, except the version and image
-    /// stay at the running version while a version change is rejected.
-    pub inputs: RenderInputs,
-    /// `None` when the requested version change was rejected.
-    pub version_change: Option<VersionChange>,
-}
-
-impl Resolved {
-    /// While a version change is rejected the StatefulSet is left exactly as it is.
-    pub fn hold_statefulset(&self) -> bool {
-        self.version_change.is_none()
-    }
-}
 
 async fn fetch_templates(
     cluster: &EtcdCluster,
@@ -303,14 +287,6 @@ fn recorded_values(cluster: &EtcdCluster) -> serde_json::Value {
         .get(MATERIALIZED_ANNOTATION)
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_else(|| serde_json::json!({}))
-}
-
-/// Resolves a spec on its own, ignoring `templateRef`: how a cluster whose
-/// template values were materialized into its spec is resolved.
-pub fn resolve_own_spec(spec: &EtcdClusterSpec) -> Result<Resolution, ResolveError> {
-    let mut own = spec.clone();
-    own.template_ref = None;
-    resolve(None, None, &own)
 }
 
 /// The render inputs of a resolved cluster.

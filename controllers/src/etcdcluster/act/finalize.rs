@@ -99,7 +99,7 @@ async fn cleanup_workload(cluster: &EtcdCluster, ctx: &Context) -> Result<()> {
     // else the spec as last resolved.
     let ns = match cluster.status.as_ref().and_then(|s| s.identity.as_ref()) {
         Some(identity) => identity.workload_namespace.clone(),
-        None => super::super::resolve::resolve_own_spec(&cluster.spec)
+        None => etcdfleet_api::template::resolve_own_spec(&cluster.spec)
             .map(|r| r.spec.workload_namespace)
             .unwrap_or_else(|_| etcdfleet_api::template::DEFAULT_WORKLOAD_NAMESPACE.to_string()),
     };

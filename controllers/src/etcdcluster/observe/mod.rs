@@ -43,7 +43,7 @@ use super::context::{Context, Error, Result, cluster_key};
 use super::plan::adopt::{AdoptionState, adoption_state};
 use super::plan::observation::{Observation, StatefulSetObservation};
 use super::plan::step::ObjectKind;
-use super::resolve::Resolved;
+use super::resolved::Resolved;
 use crate::access::statefulset_replicas;
 use crate::connector::WorkloadCluster;
 use crate::etcd::{ClusterClient, ClusterHealth, EtcdConfig};
