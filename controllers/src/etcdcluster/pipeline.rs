@@ -522,10 +522,18 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// report: status, conditions and their metrics, and the adoption's
-    /// event when its phase changed.
+    /// report: status, conditions and their metrics, and events.
     async fn report(mut self, outcome: Outcome) -> Result<Outcome> {
-        let composed = self.write_report().await?;
+        self.write_report().await?;
+        Ok(outcome)
+    }
+
+    /// The report stage in its span: the status composed from what was
+    /// learned, written if it changed, and the adoption's event when its
+    /// phase changed. Every reconcile that observed ends in it once.
+    async fn write_report(&mut self) -> Result<Composed> {
+        let span = step_span("report", self.key);
+        let composed = traced(span, self.write_status()).await?;
         if let Some((warning, reason, note)) = &composed.adoption_event {
             let kind = if *warning {
                 EventType::Warning
@@ -534,14 +542,7 @@ impl<'a> Run<'a> {
             };
             publish(self.ctx, self.cluster, kind, reason, note).await;
         }
-        Ok(outcome)
-    }
-
-    /// The report stage in its span: the status composed from what was
-    /// learned, written if it changed.
-    async fn write_report(&mut self) -> Result<Composed> {
-        let span = step_span("report", self.key);
-        traced(span, self.write_status()).await
+        Ok(composed)
     }
 
     async fn write_status(&mut self) -> Result<Composed> {
