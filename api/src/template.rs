@@ -287,6 +287,14 @@ pub fn resolve(
     })
 }
 
+/// Resolves a spec on its own, ignoring `templateRef`: how a cluster whose
+/// template values were materialized into its spec is resolved.
+pub fn resolve_own_spec(spec: &EtcdClusterSpec) -> Result<Resolution, ResolveError> {
+    let mut own = spec.clone();
+    own.template_ref = None;
+    resolve(None, None, &own)
+}
+
 /// The template values of the fields `spec` leaves empty: what the controller
 /// server-side-applies into the cluster's own spec once, so that later template
 /// edits change nothing. Defaults of last resort are not included.

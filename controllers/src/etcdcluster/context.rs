@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Client, ResourceExt};
 
 use super::memo;
-use super::plan::Step;
+use super::plan::step::Step;
 use crate::access::{Access, AccessError, OwnerFilter};
 use crate::config::ControllerConfig;
 use crate::connector::{ConnectError, WorkloadClusterConnector};

@@ -1,34 +1,41 @@
-//! One reconcile of one EtcdCluster, as six named stages:
+//! One reconcile of one EtcdCluster, as seven named stages:
 //!
 //! ```text
+//! admit    → the admission rules: owned, deleting, identity, paused (pure)
 //! resolve  → template chain + materialization (pure, plus one apply, once)
 //! connect  → kubeconfig Secret → workload client (cached; direct GET)
 //! observe  → workload objects + etcd members and health (read only)
 //! plan     → at most one next step (pure, `plan::plan_next_step`)
 //! act      → execute that step (idempotent, deterministic names, preconditions)
-//! report   → status + conditions + events + metrics
+//! report   → the status composed from what the stages learned + metrics + events
 //! ```
 //!
 //! Each stage hands its result to the next or ends the reconcile with an
-//! outcome ([`Stage`]); each runs in its own trace span.
+//! outcome ([`Stage`]); each runs in its own trace span. Each returns what
+//! it learned, kept in [`Learned`]; the status is composed from it, and
+//! every write to the EtcdCluster goes through its [`ClusterObject`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcdfleet_api::{EtcdCluster, ManagedIdentity};
-use kube::api::{Api, Patch};
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 use tracing::field::Empty;
 use tracing::{Instrument, Span, info, info_span, warn};
 
+use super::act;
+use super::admission::{self, Admission, Candidate};
+use super::cluster_object::ClusterObject;
 use super::context::{Context, Error, FINALIZER, Outcome, Result, cluster_key};
-use super::observe::Observed;
-use super::plan::{self, Plan, RemovalCause, RestoreGate, Step};
+use super::observe::{self, Observed};
+use super::plan;
+use super::plan::observation::RestoreGate;
+use super::plan::step::{Plan, Step};
 use super::requeue::{held_requeue, in_flight_requeue, jitter, requeue_for};
-use super::resolve::Resolved;
-use super::{act, observe, resolve, status};
+use super::resolve::{self, Resolved};
+use super::status::{self, Composed, Decision, Learned, Remote};
 use crate::connector::{ConnectError, KubeconfigLocation, WorkloadCluster};
 use crate::metrics::PlanLabel;
 
@@ -156,11 +163,6 @@ impl StepFailure for ConnectError {
     }
 }
 
-/// The report step: status, conditions (and the write's own API call).
-async fn report_step(report: &status::Report, ctx: &Context, cluster: &str) -> Result<bool> {
-    traced(step_span("report", cluster), report.write(ctx)).await
-}
-
 /// What a stage answers: the next stage's input, or the reconcile's outcome.
 enum Stage<T> {
     Next(T),
@@ -177,13 +179,23 @@ macro_rules! next {
     };
 }
 
+/// A stage's input, or the reconcile's outcome from inside a stage.
+macro_rules! next_in_stage {
+    ($stage:expr) => {
+        match $stage {
+            Stage::Next(value) => value,
+            Stage::Done(outcome) => return Ok(Stage::Done(outcome)),
+        }
+    };
+}
+
 async fn reconcile_pipeline(cluster: &EtcdCluster, ctx: &Context, key: &str) -> Result<Outcome> {
-    let mut run = next!(Run::admit(cluster, ctx, key).await?);
-    let mut resolved = next!(unless_stopping(ctx, Box::pin(run.resolve())).await?);
+    let mut run = Run::new(cluster, ctx, key);
+    let writes = next!(run.admit().await?);
+    let resolved = next!(unless_stopping(ctx, Box::pin(run.resolve(writes))).await?);
     let connected = next!(unless_stopping(ctx, Box::pin(run.connect(&resolved))).await?);
-    let observing = Box::pin(run.observe(&mut resolved, &connected));
-    let observed = next!(unless_stopping(ctx, observing).await?);
-    let plan = next!(run.plan(&observed).await?);
+    let observed = next!(unless_stopping(ctx, Box::pin(run.observe(&resolved, &connected))).await?);
+    let plan = next!(run.plan(&observed, writes).await?);
     let acted = run.act(plan, &connected, &resolved, &observed).await;
     observed
         .let_go_of_members_in_transition(resolved.inputs.tls)
@@ -210,18 +222,18 @@ async fn unless_stopping<T>(
     }
 }
 
-/// One reconcile in progress: the cluster, the status being built, and what
-/// every stage needs.
+/// One reconcile in progress: the cluster, the object every write to it
+/// goes through, and what the stages learned (from which the report
+/// composes the status).
 struct Run<'a> {
     cluster: &'a EtcdCluster,
     ctx: &'a Context,
     key: &'a str,
-    paused: bool,
-    api: Api<EtcdCluster>,
-    report: status::Report,
+    object: ClusterObject,
+    learned: Learned,
 }
 
-/// The workload cluster reached, and the etcd it holds.
+/// The workload cluster reached, and the identity it is for.
 struct Connected {
     location: KubeconfigLocation,
     identity: ManagedIdentity,
@@ -229,107 +241,77 @@ struct Connected {
 }
 
 impl<'a> Run<'a> {
-    /// Before the pipeline: another owner's cluster is not touched, a
-    /// deleted one is cleaned up, and a new one gets the finalizer.
-    async fn admit(
-        cluster: &'a EtcdCluster,
-        ctx: &'a Context,
-        key: &'a str,
-    ) -> Result<Stage<Self>> {
-        // Another stage's (or shard's) cluster: no read, no write.
-        if !ctx.owns(cluster) {
-            return Ok(Stage::Done(Outcome::Blocked(format!(
-                "not owned by this controller: {}/{} is outside its namespaces or label selector",
-                cluster.namespace().unwrap_or_default(),
-                cluster.name_any()
-            ))));
-        }
-        let paused = cluster.spec.paused == Some(true);
-        if cluster.meta().deletion_timestamp.is_some() {
-            if paused && cluster.finalizers().iter().any(|f| f == FINALIZER) {
-                // Paused means no write anywhere, cleanup included.
-                return Ok(Stage::Done(Outcome::Paused(Some(
-                    "clean up the workload cluster and release the finalizer".into(),
-                ))));
-            }
-            let outcome = traced(step_span("act", key), act::finalize(cluster, ctx)).await?;
-            return Ok(Stage::Done(outcome));
-        }
-        let api: Api<EtcdCluster> = Api::namespaced(
-            ctx.management.clone(),
-            &cluster.namespace().unwrap_or_default(),
-        );
-        let mut report = status::Report::new(cluster);
-        if !paused && !cluster.finalizers().iter().any(|f| f == FINALIZER) {
-            let mut finalizers = cluster.finalizers().to_vec();
-            finalizers.push(FINALIZER.to_string());
-            let patch = serde_json::json!({
-                "metadata": { "finalizers": finalizers, "resourceVersion": cluster.resource_version() }
-            });
-            let patched = api
-                .patch(
-                    &cluster.name_any(),
-                    &crate::controller_patch_params(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-                .map_err(Error::ManagementApi)?;
-            report.advance_resource_version(patched.metadata.resource_version);
-        }
-        Ok(Stage::Next(Run {
+    fn new(cluster: &'a EtcdCluster, ctx: &'a Context, key: &'a str) -> Self {
+        Run {
             cluster,
             ctx,
             key,
-            paused,
-            api,
-            report,
-        }))
-    }
-
-    /// Ends the reconcile blocked, after the report stage.
-    async fn blocked<T>(&self, why: String) -> Result<Stage<T>> {
-        report_step(&self.report, self.ctx, self.key).await?;
-        Ok(Stage::Done(Outcome::Blocked(why)))
-    }
-
-    /// resolve: the template chain and materialization.
-    async fn resolve(&mut self) -> Result<Stage<Resolved>> {
-        let resolving = resolve::resolve_cluster(self.cluster, self.ctx, &mut self.report);
-        match traced(step_span("resolve", self.key), resolving).await? {
-            Some(resolved) => Ok(Stage::Next(resolved)),
-            None => self.blocked(self.report.blocked_reason()).await,
+            object: ClusterObject::new(&ctx.management, cluster),
+            learned: Learned::default(),
         }
     }
 
-    /// connect: the kubeconfig Secret to the workload client, once the spec
-    /// is known to point at the etcd this resource manages.
+    /// Admission ([`admission::RULES`]): whether the reconcile goes on, and
+    /// whether it may write (false while paused). A new cluster gets the
+    /// finalizer; a deleted one is cleaned up.
+    async fn admit(&mut self) -> Result<Stage<bool>> {
+        let (cluster, ctx) = (self.cluster, self.ctx);
+        match admission::admit(&Candidate::new(cluster, ctx.owns(cluster))) {
+            Admission::Stop(outcome) => Ok(Stage::Done(outcome)),
+            Admission::Finalize => {
+                let finalizing = act::finalize(cluster, ctx, &mut self.object);
+                let outcome = traced(step_span("act", self.key), finalizing).await?;
+                Ok(Stage::Done(outcome))
+            }
+            Admission::Refuse(refusal) => {
+                self.learned.admission_refusal = Some(refusal);
+                self.blocked().await
+            }
+            Admission::Proceed {
+                writes,
+                add_finalizer,
+            } => {
+                if add_finalizer {
+                    self.object
+                        .add_finalizer(cluster.finalizers(), FINALIZER)
+                        .await?;
+                }
+                Ok(Stage::Next(writes))
+            }
+        }
+    }
+
+    /// Ends the reconcile blocked, after the report stage.
+    async fn blocked<T>(&mut self) -> Result<Stage<T>> {
+        let composed = self.write_report().await?;
+        Ok(Stage::Done(Outcome::Blocked(composed.blocked_reason())))
+    }
+
+    /// resolve: the template chain and materialization, and the version.
+    async fn resolve(&mut self, writes: bool) -> Result<Stage<Resolved>> {
+        let (cluster, ctx) = (self.cluster, self.ctx);
+        let resolving = resolve::resolve_cluster(cluster, ctx, &mut self.object, writes);
+        let found = traced(step_span("resolve", self.key), resolving).await?;
+        self.learned.template = found.template;
+        self.learned.resolved = found.spec_resolved;
+        self.learned.version = found.version;
+        match found.resolved {
+            Some(resolved) => Ok(Stage::Next(resolved)),
+            None => self.blocked().await,
+        }
+    }
+
+    /// connect: the kubeconfig Secret to the workload client.
     async fn connect(&mut self, resolved: &Resolved) -> Result<Stage<Connected>> {
         let (cluster, ctx) = (self.cluster, self.ctx);
         let Some(location) = KubeconfigLocation::of(cluster) else {
-            self.report
-                .remote_unreachable(&ConnectError::NoClusterReference);
-            return self
-                .blocked(ConnectError::NoClusterReference.to_string())
-                .await;
+            return self.unreachable(&ConnectError::NoClusterReference).await;
         };
-        // identity: the etcd this resource manages stays the one it started
-        // with; a spec that points elsewhere is refused before any workload I/O.
         let identity = ManagedIdentity {
             kubeconfig_secret: format!("{}/{}", location.secret_name, location.key),
             workload_namespace: resolved.inputs.workload_namespace.clone(),
             tls: resolved.inputs.tls,
         };
-        if let Some(message) = plan::identity_mismatch(
-            cluster.status.as_ref().and_then(|s| s.identity.as_ref()),
-            &identity,
-        ) {
-            self.report.refused(&plan::Refusal {
-                reason: "IdentityChanged",
-                message,
-            });
-            self.report.write(ctx).await?;
-            return Ok(Stage::Done(Outcome::Blocked(self.report.blocked_reason())));
-        }
         let connecting = ctx
             .connector
             .connect_trusting(&location, ctx.settings.reread_after);
@@ -341,53 +323,50 @@ impl<'a> Run<'a> {
             })),
             Err(e) => {
                 let delay = ctx.connector.record_failure(&location, &e);
-                self.report.remote_unreachable(&e);
-                report_step(&self.report, ctx, self.key).await?;
                 info!(cluster = %cluster.name_any(), reason = e.reason(), ?delay, "workload cluster not reachable");
-                Ok(Stage::Done(Outcome::Blocked(e.to_string())))
+                self.unreachable(&e).await
             }
         }
     }
 
-    /// observe: the workload objects and etcd (read only), then, for a
-    /// cluster that restores, its snapshot.
+    /// Ends the reconcile blocked on a workload cluster it cannot reach.
+    async fn unreachable<T>(&mut self, e: &ConnectError) -> Result<Stage<T>> {
+        self.learned.remote = Some(Remote::Unreachable {
+            reason: e.reason(),
+            message: e.to_string(),
+        });
+        self.blocked().await
+    }
+
+    /// observe: the workload objects, etcd and the EtcdCluster's memory
+    /// (read only). An observation that trusted the memo and would take a
+    /// step is made again from fresh reads.
     async fn observe(
         &mut self,
-        resolved: &mut Resolved,
+        resolved: &Resolved,
         connected: &Connected,
     ) -> Result<Stage<Observed>> {
-        let (cluster, ctx) = (self.cluster, self.ctx);
-        let (location, workload) = (&connected.location, &connected.workload);
-        let mut observed = match self.read_workload(resolved, connected).await? {
-            Stage::Next(observed) => observed,
-            Stage::Done(outcome) => return Ok(Stage::Done(outcome)),
-        };
+        let ctx = self.ctx;
+        let mut observed = next_in_stage!(self.read_workload(resolved, connected).await?);
         // The memo is trusted only by a reconcile that ends converged: one
         // that will act reads every object again first, so each write knows,
         // in this reconcile, that the object is still this cluster's.
         if observed.trusted_memo && matches!(plan::plan_next_step(&observed.planner), Plan::Act(_))
         {
             ctx.memo.forget(&observed.memo_key.0);
-            observed = match self.read_workload(resolved, connected).await? {
-                Stage::Next(fresh) => fresh,
-                Stage::Done(outcome) => return Ok(Stage::Done(outcome)),
-            };
+            observed = next_in_stage!(self.read_workload(resolved, connected).await?);
         }
-        ctx.connector.record_success(location);
-        self.report.remote_reachable(&workload.server);
-        self.report.observed(&observed.planner);
-        if let Some((warning, reason, note)) = self.report.adoption(&observed.planner) {
-            let kind = if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            };
-            publish(ctx, cluster, kind, reason, &note).await;
-        }
-        let bootstrapped =
-            observed.planner.statefulset.is_some() || observed.planner.known_voters > 0;
-        if crate::restore::needed(cluster, bootstrapped) {
-            observed.planner.restore = self.restore_gate(resolved, &observed).await?;
+        ctx.connector.record_success(&connected.location);
+        self.learned.remote = Some(Remote::Reachable {
+            server: connected.workload.server.clone(),
+        });
+        self.learned.observation = Some(observed.planner.clone());
+        if observed.restore_record.is_some() || observed.planner.restore != RestoreGate::NotNeeded {
+            let gate = observed.planner.restore.clone();
+            if let RestoreGate::Refused(r) = &gate {
+                publish(ctx, self.cluster, EventType::Warning, r.reason, &r.message).await;
+            }
+            self.learned.restore = Some((gate, observed.restore_record.clone()));
         }
         Ok(Stage::Next(observed))
     }
@@ -400,100 +379,52 @@ impl<'a> Run<'a> {
         connected: &Connected,
     ) -> Result<Stage<Observed>> {
         let (cluster, ctx) = (self.cluster, self.ctx);
-        let (location, workload) = (&connected.location, &connected.workload);
-        let observing = observe::observe(cluster, resolved, workload, ctx, &self.report);
+        let observing = observe::observe(cluster, resolved, &connected.workload, ctx);
         match traced(step_span("observe", self.key), observing).await {
             Ok(o) => Ok(Stage::Next(o)),
             Err(Error::WorkloadApi { server, source }) => {
                 let e = ConnectError::from_workload(&server, &source);
                 ctx.memo.forget(&cluster_key(cluster));
-                ctx.connector.record_failure(location, &e);
-                self.report.remote_unreachable(&e);
-                self.blocked(e.to_string()).await
+                ctx.connector.record_failure(&connected.location, &e);
+                self.unreachable(&e).await
             }
             Err(e) => Err(e),
         }
     }
 
-    /// A cluster restoring from a snapshot checks it before its first write:
-    /// no member volume may exist yet, and the object must verify. The
-    /// verified record is what the seeder is rendered from, from now on.
-    async fn restore_gate(
-        &mut self,
-        resolved: &mut Resolved,
-        observed: &Observed,
-    ) -> Result<RestoreGate> {
-        let (cluster, ctx) = (self.cluster, self.ctx);
-        let kept: Vec<String> = observed.pvcs.values().map(|p| p.name_any()).collect();
-        let gate = match crate::restore::kept_volumes(&kept) {
-            Some(refused) => RestoreGate::Refused(refused.into()),
-            None => {
-                let requested = resolved.inputs.version.clone();
-                let verdict = traced(step_span("restore", self.key), async {
-                    crate::restore::gate(
-                        &ctx.management,
-                        cluster,
-                        &requested,
-                        &ctx.settings.seeder_image,
-                    )
-                    .await
-                    .map_err(Error::ManagementApi)
-                })
-                .await?;
-                match verdict {
-                    Some(Ok(record)) => {
-                        self.report.record_restore(&record);
-                        resolved.inputs.restore = Some(record);
-                        RestoreGate::Verified
-                    }
-                    Some(Err(refused)) => RestoreGate::Refused(refused.into()),
-                    None => RestoreGate::NotNeeded,
-                }
-            }
-        };
-        self.report.restore_checked(&gate);
-        if let RestoreGate::Refused(r) = &gate {
-            publish(ctx, cluster, EventType::Warning, r.reason, &r.message).await;
-        }
-        Ok(gate)
-    }
-
-    /// plan: at most one next step (pure). A refusal, or a paused cluster,
-    /// ends the reconcile here.
-    async fn plan(&mut self, observed: &Observed) -> Result<Stage<Plan>> {
+    /// plan: at most one next step (pure). A refusal, or a cluster that
+    /// may not write (paused), ends the reconcile here.
+    async fn plan(&mut self, observed: &Observed, writes: bool) -> Result<Stage<Plan>> {
         let ctx = self.ctx;
         let plan = {
             let span = step_span("plan", self.key);
             let _in_plan = span.enter();
             let plan = plan::plan_next_step(&observed.planner);
-            span.record("outcome", plan_label(&plan));
+            span.record("outcome", trace_label(&plan));
             plan
         };
         ctx.metrics.observe_plan(&plan);
         let (memo_key, fingerprint) = &observed.memo_key;
-        if matches!(plan, Plan::Converged) && !self.paused {
-            ctx.memo.remember(
-                memo_key,
-                *fingerprint,
-                observed.pki.clone(),
-                ctx.settings.reread_after,
-            );
+        if matches!(plan, Plan::Converged) && writes {
+            let pki = observed.pki.clone();
+            ctx.memo
+                .remember(memo_key, *fingerprint, pki, ctx.settings.reread_after);
         } else {
             ctx.memo.forget(memo_key);
         }
         if let Plan::Refuse(refusal) = &plan {
-            self.report.refused(refusal);
-            self.report.write(ctx).await?;
-            return Ok(Stage::Done(Outcome::Blocked(refusal.message.clone())));
+            let message = refusal.message.clone();
+            self.learned.decision = Some(Decision::Refused(refusal.clone()));
+            self.write_report().await?;
+            return Ok(Stage::Done(Outcome::Blocked(message)));
         }
-        self.report.no_conflict();
-        if self.paused {
+        if !writes {
             let next = match &plan {
                 Plan::Act(step) => Some(step.to_string()),
                 _ => None,
             };
-            self.report.paused(next.as_deref());
-            report_step(&self.report, ctx, self.key).await?;
+            self.learned.decision = Some(Decision::Paused(next.clone()));
+            self.write_report().await?;
             return Ok(Stage::Done(Outcome::Paused(next)));
         }
         Ok(Stage::Next(plan))
@@ -509,78 +440,29 @@ impl<'a> Run<'a> {
     ) -> Result<Stage<Outcome>> {
         // Recorded before the first workload write: from now on this is the etcd
         // this resource manages.
-        self.report.record_identity(&connected.identity);
-        Ok(Stage::Next(match plan {
-            Plan::Converged => {
-                self.report.converged();
-                Outcome::Converged
-            }
-            Plan::Wait(why) => {
-                self.report.waiting(&why);
-                Outcome::Waiting(why)
-            }
-            Plan::Hold(why) => {
-                self.report.held(&why);
-                Outcome::Held(why)
-            }
-            Plan::Refuse(refusal) => {
-                self.report.refused(&refusal);
-                Outcome::Blocked(refusal.message)
-            }
+        self.learned.identity = Some(connected.identity.clone());
+        let (decision, outcome) = match plan {
+            Plan::Converged => (Decision::Converged, Outcome::Converged),
+            Plan::Wait(why) => (Decision::Waiting(why.clone()), Outcome::Waiting(why)),
+            Plan::Hold(why) => (Decision::Held(why.clone()), Outcome::Held(why)),
+            Plan::Refuse(r) => (Decision::Refused(r.clone()), Outcome::Blocked(r.message)),
             Plan::Act(step) => {
-                if let Some(why) = self.failure_grace_passed_live(&step, observed).await? {
-                    self.report.waiting(&why);
-                    self.report.write(self.ctx).await?;
-                    return Ok(Stage::Done(Outcome::Waiting(why)));
-                }
-                self.take(step, resolved, observed, &connected.workload)
-                    .await?
+                let acting = act::Acting {
+                    cluster: self.cluster,
+                    inputs: &resolved.inputs,
+                    observed,
+                    workload: &connected.workload,
+                    ctx: self.ctx,
+                };
+                return self.take(step, acting).await.map(Stage::Next);
             }
-        }))
-    }
-
-    /// The failure grace is judged again from the live object, not the copy
-    /// this reconcile started from (a cache may be behind): why a failed
-    /// member's removal is not taken after all, if it is not.
-    async fn failure_grace_passed_live(
-        &self,
-        step: &Step,
-        observed: &Observed,
-    ) -> Result<Option<String>> {
-        let Step::RemoveMember {
-            member_id,
-            cause: RemovalCause::Failed,
-            ..
-        } = step
-        else {
-            return Ok(None);
         };
-        let Some(health) = &observed.health else {
-            return Ok(None);
-        };
-        let live = self
-            .api
-            .get(&self.cluster.name_any())
-            .await
-            .map_err(Error::ManagementApi)?;
-        let still_failed = status::Report::new(&live)
-            .failed_members(health, self.ctx.settings.member_failure_grace)
-            .contains(member_id);
-        Ok((!still_failed).then(|| {
-            format!(
-                "member {member_id:x} is not past its failure grace on the live object; not removed"
-            )
-        }))
+        self.learned.decision = Some(decision);
+        Ok(Stage::Next(outcome))
     }
 
     /// Executes one step in its span, with its metric and event.
-    async fn take(
-        &mut self,
-        step: Step,
-        resolved: &Resolved,
-        observed: &Observed,
-        workload: &WorkloadCluster,
-    ) -> Result<Outcome> {
+    async fn take(&mut self, step: Step, acting: act::Acting<'_>) -> Result<Outcome> {
         let (cluster, ctx) = (self.cluster, self.ctx);
         self.record_intent(&step).await?;
         let started = std::time::Instant::now();
@@ -593,25 +475,20 @@ impl<'a> Run<'a> {
             outcome = Empty,
             otel.status_code = Empty
         );
-        let result = match &step {
-            // The steps of a version change record into the status.
-            Step::Version(v) => {
-                let acting = act::version::execute(v, cluster, observed, ctx, &mut self.report);
-                traced(span, acting).await
-            }
-            _ => {
-                let acting = act::execute(&step, cluster, resolved, observed, workload, ctx);
-                traced(span, acting).await
-            }
-        };
+        let result = traced(span, act::execute(&step, acting, &mut self.object)).await;
         ctx.metrics.observe_step(
             step.kind(),
             started.elapsed(),
             result.as_ref().err().map(Error::reason),
         );
+        let error = result.as_ref().err().map(ToString::to_string);
+        self.learned.decision = Some(Decision::Acted {
+            step: step.clone(),
+            error: error.clone(),
+        });
         match result {
-            Ok(()) => {
-                self.report.acted(&step, None);
+            Ok(record) => {
+                self.learned.snapshot = record.snapshot;
                 publish(
                     ctx,
                     cluster,
@@ -623,16 +500,10 @@ impl<'a> Run<'a> {
                 Ok(Outcome::Acted(step))
             }
             Err(e) => {
-                self.report.acted(&step, Some(&e));
-                publish(
-                    ctx,
-                    cluster,
-                    EventType::Warning,
-                    &format!("{}Failed", step.kind()),
-                    &format!("{step}: {e}"),
-                )
-                .await;
-                report_step(&self.report, ctx, self.key).await?;
+                let reason = format!("{}Failed", step.kind());
+                let note = format!("{step}: {}", error.unwrap_or_default());
+                publish(ctx, cluster, EventType::Warning, &reason, &note).await;
+                self.write_report().await?;
                 Err(e)
             }
         }
@@ -644,27 +515,58 @@ impl<'a> Run<'a> {
     /// not remove halts the takeover).
     async fn record_intent(&mut self, step: &Step) -> Result<()> {
         if let Step::RetireMember { member_id } = step {
-            self.report.record_retirement(*member_id);
-            self.report.write_before_acting(self.ctx).await?;
+            self.learned.retiring = Some(*member_id);
+            self.learned.decision = Some(Decision::Acting);
+            self.write_status().await?;
         }
         Ok(())
     }
 
-    /// report: status and conditions.
-    async fn report(self, outcome: Outcome) -> Result<Outcome> {
-        report_step(&self.report, self.ctx, self.key).await?;
+    /// report: status, conditions and their metrics, and events.
+    async fn report(mut self, outcome: Outcome) -> Result<Outcome> {
+        self.write_report().await?;
         Ok(outcome)
+    }
+
+    /// The report stage in its span: the status composed from what was
+    /// learned, written if it changed, and the adoption's event when its
+    /// phase changed. Every reconcile that observed ends in it once.
+    async fn write_report(&mut self) -> Result<Composed> {
+        let span = step_span("report", self.key);
+        let composed = traced(span, self.write_status()).await?;
+        if let Some((warning, reason, note)) = &composed.adoption_event {
+            let kind = if *warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            publish(self.ctx, self.cluster, kind, reason, note).await;
+        }
+        Ok(composed)
+    }
+
+    async fn write_status(&mut self) -> Result<Composed> {
+        let composed = status::compose(self.cluster, &self.learned);
+        let metrics = &self.ctx.metrics;
+        let new = &composed.status;
+        metrics.set_cluster_conditions(self.key, Some(&new.conditions));
+        metrics.set_cluster_members(self.key, new.replicas, new.ready_members);
+        metrics.set_ca_rotation_phase(
+            self.key,
+            &etcdfleet_api::ca_rotation::phase::ALL,
+            new.ca_rotation.as_ref().map(|r| r.phase.as_str()),
+        );
+        self.object.write_status(new).await?;
+        Ok(composed)
     }
 }
 
-/// Short label of a planner answer (trace attribute).
-fn plan_label(plan: &Plan) -> &'static str {
+/// The planner's answer as the plan step's trace attribute: the step's
+/// kind, or the answer in lower case (`converged`, `wait`, ...).
+fn trace_label(plan: &Plan) -> String {
     match plan {
-        Plan::Converged => "converged",
-        Plan::Wait(_) => "wait",
-        Plan::Hold(_) => "hold",
-        Plan::Refuse(_) => "refuse",
-        Plan::Act(step) => step.kind(),
+        Plan::Act(step) => step.kind().to_string(),
+        other => other.plan_label().to_ascii_lowercase(),
     }
 }
 

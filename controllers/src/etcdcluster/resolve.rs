@@ -9,41 +9,26 @@
 //! annotation [`REBASE_ANNOTATION`] — re-resolves from the current template,
 //! changing only fields that still hold the values written last time.
 
-use etcdfleet_api::template::{Resolution, ResolveError, ResolvedEtcdSpec, materialize, resolve};
-use etcdfleet_api::version::{VersionChange, decide_for, image_for, parse_full_version};
+pub use etcdfleet_api::template::resolve_own_spec;
+use etcdfleet_api::template::{Resolution, ResolveError, ResolvedEtcdSpec, resolve};
+use etcdfleet_api::version::{decide_for, image_for, parse_full_version};
 use etcdfleet_api::{
-    ClusterEtcdTemplate, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTemplate, EtcdTuning,
-    FIELD_MANAGER, StorageSpec, TemplateKind, TlsSpec,
+    AppliedTemplate, ClusterEtcdTemplate, EtcdCluster, EtcdClusterSpec, EtcdConfig, EtcdTemplate,
+    EtcdTuning, StorageSpec, TemplateKind, TlsSpec,
 };
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
-use super::status::Report;
-use super::{Context, Error, Result};
+use super::cluster_object::ClusterObject;
+use super::context::{Context, Error, Result, now};
+pub use super::resolved::Resolved;
+use super::status::{TemplateOutcome, VersionVerdict};
 use crate::render::RenderInputs;
 
 pub use etcdfleet_api::template::REBASE_ANNOTATION;
 /// Annotation holding the template values last written into the spec (JSON),
 /// so a rebase can tell a user's edit from a template default.
 pub const MATERIALIZED_ANNOTATION: &str = "etcdfleet.dev/materialized-values";
-
-/// The resolved cluster, ready to render.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    pub resolution: Resolution,
-    /// What to render with: the resolved spec, except the version and image
-    /// stay at the running version while a version change is rejected.
-    pub inputs: RenderInputs,
-    /// `None` when the requested version change was rejected.
-    pub version_change: Option<VersionChange>,
-}
-
-impl Resolved {
-    /// While a version change is rejected the StatefulSet is left exactly as it is.
-    pub fn hold_statefulset(&self) -> bool {
-        self.version_change.is_none()
-    }
-}
 
 async fn fetch_templates(
     cluster: &EtcdCluster,
@@ -109,126 +94,199 @@ pub fn rebase_requested(cluster: &EtcdCluster) -> bool {
     cluster.annotations().contains_key(REBASE_ANNOTATION)
 }
 
-/// Resolves the cluster; `Ok(None)` when it cannot be (the report says why).
+/// What the resolve stage found: the template chain's outcome, the
+/// version policy's verdict, and the cluster ready to render (`None` when
+/// it cannot be: the template or the version says why).
+#[derive(Default)]
+pub struct ResolveOutcome {
+    pub template: Option<TemplateOutcome>,
+    /// The spec resolved completely (from its own fields, after any
+    /// template values were written into it).
+    pub spec_resolved: bool,
+    pub version: Option<VersionVerdict>,
+    pub resolved: Option<Resolved>,
+}
+
+/// Where a cluster's resolution comes from: its template chain until the
+/// chain's values are written into its spec (or a rebase asks again), its
+/// own spec after that. The one choice, for the controller and for `plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResolutionSource {
+    Templates,
+    OwnSpec,
+}
+
+pub fn resolution_source(cluster: &EtcdCluster) -> ResolutionSource {
+    let pending = !is_materialized(cluster) || rebase_requested(cluster);
+    if cluster.spec.template_ref.is_some() && pending {
+        ResolutionSource::Templates
+    } else {
+        ResolutionSource::OwnSpec
+    }
+}
+
+/// Resolves the cluster. With `writes` (not paused), the template chain's
+/// values and the controller's defaults are written into its spec first,
+/// through `object`.
 pub async fn resolve_cluster(
     cluster: &EtcdCluster,
     ctx: &Context,
-    report: &mut Report,
-) -> Result<Option<Resolved>> {
-    let (materialized, rebase) = (is_materialized(cluster), rebase_requested(cluster));
-    // Paused: no write at all, materialization and rebase included.
-    let paused = cluster.spec.paused == Some(true);
+    object: &mut ClusterObject,
+    writes: bool,
+) -> Result<ResolveOutcome> {
+    let mut out = ResolveOutcome::default();
     let mut spec = cluster.spec.clone();
-    let mut resource_version = report.resource_version();
     // The values this controller wrote into the spec so far (for a rebase).
-    let mut recorded: serde_json::Value = cluster
-        .annotations()
-        .get(MATERIALIZED_ANNOTATION)
-        .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or_else(|| serde_json::json!({}));
-
-    if !paused && spec.template_ref.is_some() && (!materialized || rebase) {
-        let templates = match fetch_templates(cluster, ctx).await? {
-            Ok(t) => t,
+    let mut recorded = recorded_values(cluster);
+    if writes && resolution_source(cluster) == ResolutionSource::Templates {
+        match materialize(cluster, ctx, object).await? {
             Err(e) => {
-                report.template_failed(&e);
-                return Ok(None);
+                out.template = Some(TemplateOutcome::Failed(e));
+                return Ok(out);
             }
-        };
-        let (ct, t) = templates;
-        if rebase {
-            spec = match rebased_spec(cluster) {
-                Ok(s) => s,
-                Err(e) => {
-                    report.template_failed(&e);
-                    return Ok(None);
-                }
-            };
+            Ok(m) => {
+                recorded = m.recorded;
+                out.template = Some(TemplateOutcome::Applied(m.record));
+                // Continue with the spec as now written.
+                spec = m.spec;
+            }
         }
-        let resolution = match resolve(ct.as_ref(), t.as_ref(), &spec) {
-            Ok(r) => r,
-            Err(e) => {
-                report.template_failed(&e);
-                return Ok(None);
-            }
-        };
-        let values = materialize(&spec, &resolution);
-        (resource_version, recorded) = write_materialized(cluster, ctx, &values, rebase).await?;
-        report.advance_resource_version(resource_version.clone());
-        report.template_applied(ct.as_ref(), t.as_ref(), &resolution);
-        // Continue with the spec as now written.
-        spec.config = merge_config(&spec.config, &values).map_err(Error::Invalid)?;
     }
-
     // From here on the spec alone is the truth.
     let resolution = match resolve_own_spec(&spec) {
         Ok(r) => r,
         Err(e) => {
-            report.template_failed(&e);
-            return Ok(None);
+            out.template = Some(TemplateOutcome::Failed(e));
+            return Ok(out);
         }
     };
-    report.template_resolved(&resolution);
-
+    out.spec_resolved = true;
     // Every value the rendered objects depend on goes into the spec: a later
     // release that changes a built-in default then changes nothing here.
     let defaults = controller_defaults(&spec, &resolution.spec);
-    if !paused && defaults != EtcdConfig::default() {
-        let rv = write_defaults(
-            cluster,
-            ctx,
-            &defaults,
-            resource_version.as_deref(),
-            recorded,
-        )
-        .await?;
-        report.advance_resource_version(rv);
-        spec.config = merge_config(&spec.config, &defaults).map_err(Error::Invalid)?;
+    if writes && defaults != EtcdConfig::default() {
+        write_defaults(object, &defaults, recorded).await?;
     }
+    let (verdict, resolved) = decide_version(cluster, resolution);
+    out.version = Some(verdict);
+    out.resolved = resolved;
+    Ok(out)
+}
 
+/// The version policy's verdict on the spec, and what to render with: at
+/// the running version while a change is rejected (nothing, if the cluster
+/// never ran).
+fn decide_version(
+    cluster: &EtcdCluster,
+    resolution: Resolution,
+) -> (VersionVerdict, Option<Resolved>) {
     let current = cluster
         .status
         .as_ref()
         .and_then(|s| s.current_version.clone());
     let requested = resolution.spec.version.to_string();
-    let version_change = match decide_for(current.as_deref(), &requested, cluster.annotations()) {
-        Ok(change) => {
-            report.version_accepted(&change);
-            report.version_support(change.target());
-            Some(change)
-        }
-        Err(rejection) => {
-            report.version_rejected(&rejection);
-            if let Some(running) = current.as_deref().and_then(parse_full_version) {
-                report.version_support(&running);
+    let (verdict, version_change) =
+        match decide_for(current.as_deref(), &requested, cluster.annotations()) {
+            Ok(change) => (VersionVerdict::Accepted(change.clone()), Some(change)),
+            Err(rejection) => {
+                let running = current.as_deref().and_then(parse_full_version);
+                (VersionVerdict::Rejected { rejection, running }, None)
             }
-            if current.is_none() {
-                return Ok(None);
-            }
-            None
-        }
-    };
+        };
+    if version_change.is_none() && current.is_none() {
+        return (verdict, None);
+    }
     let mut inputs = render_inputs(cluster, &resolution);
     if version_change.is_none()
         && let Some(current) = current
         && let Ok(v) = semver::Version::parse(&current)
     {
         inputs.version = current;
-        inputs.image = image_for(spec.config.image_repository.as_deref(), &v);
+        inputs.image = image_for(cluster.spec.config.image_repository.as_deref(), &v);
     }
-    Ok(Some(Resolved {
+    let resolved = Resolved {
         resolution,
         inputs,
         version_change,
+    };
+    (verdict, Some(resolved))
+}
+
+/// The template values written into a cluster's spec this reconcile.
+struct Materialized {
+    /// The spec as now written.
+    spec: EtcdClusterSpec,
+    /// Which template, for `status.template`.
+    record: Option<AppliedTemplate>,
+    /// Every value the controller wrote into the spec so far.
+    recorded: serde_json::Value,
+}
+
+/// Fetches the template chain, resolves the cluster against it (rebased if
+/// asked) and writes the template values of the fields left empty into its
+/// spec. `Ok(Err(_))`: the chain does not resolve; nothing was written.
+async fn materialize(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    object: &mut ClusterObject,
+) -> Result<std::result::Result<Materialized, ResolveError>> {
+    let rebase = rebase_requested(cluster);
+    let (ct, t) = match fetch_templates(cluster, ctx).await? {
+        Ok(templates) => templates,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut spec = if rebase {
+        match rebased_spec(cluster) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        }
+    } else {
+        cluster.spec.clone()
+    };
+    let resolution = match resolve(ct.as_ref(), t.as_ref(), &spec) {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(e)),
+    };
+    let values = etcdfleet_api::template::materialize(&spec, &resolution);
+    let recorded = write_materialized(cluster, object, &values, rebase).await?;
+    spec.config = merge_config(&spec.config, &values).map_err(Error::Invalid)?;
+    Ok(Ok(Materialized {
+        spec,
+        record: applied_template(ct.as_ref(), t.as_ref(), &resolution),
+        recorded,
     }))
 }
 
-/// Resolves a spec on its own, ignoring `templateRef`: how a cluster whose
-/// template values were materialized into its spec is resolved.
-pub fn resolve_own_spec(spec: &EtcdClusterSpec) -> Result<Resolution, ResolveError> {
-    let mut own = spec.clone();
-    own.template_ref = None;
-    resolve(None, None, &own)
+/// The record of the template (chain) a cluster took its values from.
+pub fn applied_template(
+    cluster_template: Option<&ClusterEtcdTemplate>,
+    template: Option<&EtcdTemplate>,
+    resolution: &Resolution,
+) -> Option<AppliedTemplate> {
+    let (kind, name, generation) = match (template, cluster_template) {
+        (Some(t), _) => ("EtcdTemplate", t.name_any(), t.meta().generation),
+        (None, Some(ct)) => ("ClusterEtcdTemplate", ct.name_any(), ct.meta().generation),
+        (None, None) => return None,
+    };
+    let base = template.and(cluster_template);
+    Some(AppliedTemplate {
+        kind: kind.to_string(),
+        name,
+        generation,
+        base: base.map(|b| b.name_any()),
+        base_generation: base.and_then(|b| b.meta().generation),
+        materialized_fields: resolution.template_supplied_paths(),
+        applied_at: Some(now()),
+    })
+}
+
+/// What the controller recorded it wrote into the spec so far.
+fn recorded_values(cluster: &EtcdCluster) -> serde_json::Value {
+    cluster
+        .annotations()
+        .get(MATERIALIZED_ANNOTATION)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_else(|| serde_json::json!({}))
 }
 
 /// The render inputs of a resolved cluster.
@@ -330,34 +388,19 @@ pub fn controller_defaults(spec: &EtcdClusterSpec, r: &ResolvedEtcdSpec) -> Etcd
 /// on the resourceVersion read: a concurrent edit wins and is re-read) and
 /// records them with the template values, so a rebase treats them alike.
 async fn write_defaults(
-    cluster: &EtcdCluster,
-    ctx: &Context,
+    object: &mut ClusterObject,
     defaults: &EtcdConfig,
-    resource_version: Option<&str>,
     mut recorded: serde_json::Value,
-) -> Result<Option<String>> {
-    let api: Api<EtcdCluster> = Api::namespaced(
-        ctx.management.clone(),
-        &cluster.namespace().unwrap_or_default(),
-    );
+) -> Result<()> {
     let values = to_json(defaults).map_err(Error::Invalid)?;
     merge_json(&mut recorded, &values);
     let patch = serde_json::json!({
         "metadata": {
-            "resourceVersion": resource_version,
             "annotations": { MATERIALIZED_ANNOTATION: recorded.to_string() },
         },
         "spec": values,
     });
-    let written = api
-        .patch(
-            &cluster.name_any(),
-            &crate::controller_patch_params(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(Error::ManagementApi)?;
-    Ok(written.metadata.resource_version)
+    object.merge(patch).await.map(|_| ())
 }
 
 fn to_json(config: &EtcdConfig) -> std::result::Result<serde_json::Value, String> {
@@ -460,14 +503,10 @@ fn pick(from: &serde_json::Value, shape: &serde_json::Value) -> serde_json::Valu
 /// with this controller's field manager, and records them for a later rebase.
 async fn write_materialized(
     cluster: &EtcdCluster,
-    ctx: &Context,
+    object: &mut ClusterObject,
     values: &EtcdConfig,
     rebase: bool,
-) -> Result<(Option<String>, serde_json::Value)> {
-    let api: Api<EtcdCluster> = Api::namespaced(
-        ctx.management.clone(),
-        &cluster.namespace().unwrap_or_default(),
-    );
+) -> Result<serde_json::Value> {
     let previous: serde_json::Value = cluster
         .annotations()
         .get(MATERIALIZED_ANNOTATION)
@@ -503,33 +542,17 @@ async fn write_materialized(
         spec["storage"] = storage.clone();
     }
     merge_json(&mut spec, &values_json);
-    let apply = serde_json::json!({
-        "apiVersion": EtcdCluster::api_version(&()),
-        "kind": "EtcdCluster",
-        "metadata": { "name": cluster.name_any() },
-        "spec": spec,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    api.patch(&cluster.name_any(), &params, &Patch::Apply(&apply))
-        .await
-        .map_err(Error::ManagementApi)?;
+    object.apply_spec(spec).await?;
     // Bookkeeping annotations by merge patch (null deletes the rebase request).
     let mut annotations = serde_json::Map::new();
     annotations.insert(MATERIALIZED_ANNOTATION.into(), recorded.to_string().into());
-    let recorded_now = recorded.clone();
     if rebase {
         annotations.insert(REBASE_ANNOTATION.into(), serde_json::Value::Null);
     }
-    let merge = serde_json::json!({ "metadata": { "annotations": annotations } });
-    let written = api
-        .patch(
-            &cluster.name_any(),
-            &crate::controller_patch_params(),
-            &Patch::Merge(&merge),
-        )
-        .await
-        .map_err(Error::ManagementApi)?;
-    Ok((written.metadata.resource_version, recorded_now))
+    object
+        .merge(serde_json::json!({ "metadata": { "annotations": annotations } }))
+        .await?;
+    Ok(recorded)
 }
 
 #[cfg(test)]

@@ -1,86 +1,253 @@
-//! Report step: builds the new status from what the reconcile learned and
-//! writes it only when it differs from the stored one, so a converged cluster
-//! costs no write. Conditions keep their `lastTransitionTime` unless their
-//! status changes.
+//! Report step: the new status as a pure function ([`compose`]) of the
+//! stored status and what one reconcile learned ([`Learned`]: the
+//! template and version verdicts, whether the workload cluster answered,
+//! the observation, the restore check, the decision and its outcome). It
+//! is written only when it differs from the stored one (by
+//! [`super::cluster_object::ClusterObject`]), so a converged cluster costs
+//! no write. Conditions keep their `lastTransitionTime` unless their status
+//! changes.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use etcdfleet_api::conditions::{
     self, AVAILABLE, CONFLICT, DEGRADED, MEMBERS_UNREACHABLE_FROM_CONTROLLER, PROGRESSING,
     QUORUM_HEALTHY, QUORUM_LOST, REMOTE_REACHABLE, TEMPLATE_RESOLVED, VERSION_ACCEPTED,
     VERSION_SUPPORTED,
 };
-use etcdfleet_api::template::{Resolution, ResolveError};
+use etcdfleet_api::restore::RestoreRecord;
+use etcdfleet_api::template::ResolveError;
 use etcdfleet_api::version::{VersionChange, VersionRejection};
 use etcdfleet_api::{
-    AppliedTemplate, ClusterEtcdTemplate, EtcdCluster, EtcdClusterStatus, EtcdTemplate,
-    MemberStatus, OperationStatus,
+    AppliedTemplate, EtcdCluster, EtcdClusterStatus, ManagedIdentity, MemberStatus,
+    OperationStatus, VersionChangeSnapshot,
 };
-use kube::api::{Api, Patch};
 use kube::{Resource, ResourceExt};
 
-use super::plan::{
-    EtcdObservation, Observation, QUORUM_LOSS_HELP, QuorumView, Refusal, Step, quorum_view,
-};
-use super::{Context, Error, Result, now};
+use super::context::now;
+use super::plan::observation::{EtcdObservation, Observation, RestoreGate};
+use super::plan::quorum::{QUORUM_LOSS_HELP, QuorumView, quorum_view};
+use super::plan::step::{Refusal, Step};
 
 mod adopt;
 mod ca_rotation;
-use crate::connector::ConnectError;
 use crate::etcd::{AlarmKind, ClusterHealth};
 use crate::render::{self, Names};
 
-/// The status being built during one reconcile.
-pub struct Report {
-    name: String,
-    namespace: String,
+/// What one reconcile learned, stage by stage. Each stage returns its part
+/// and the pipeline keeps it here; nothing in it decides anything.
+#[derive(Default)]
+pub struct Learned {
+    /// admission: a refusal before any workload I/O (the identity).
+    pub admission_refusal: Option<Refusal>,
+    /// resolve: the template chain, when it was applied or failed.
+    pub template: Option<TemplateOutcome>,
+    /// resolve: the spec resolved completely.
+    pub resolved: bool,
+    /// resolve: the version policy's verdict.
+    pub version: Option<VersionVerdict>,
+    /// connect, observe: whether the workload API answered.
+    pub remote: Option<Remote>,
+    /// observe: what the planner saw.
+    pub observation: Option<Observation>,
+    /// observe: a restoring cluster's snapshot check, and the verified record.
+    pub restore: Option<(RestoreGate, Option<RestoreRecord>)>,
+    /// plan and act: what the reconcile decided, and how its step went.
+    pub decision: Option<Decision>,
+    /// act: the identity recorded before the first workload write.
+    pub identity: Option<ManagedIdentity>,
+    /// act: an old member about to be retired (recorded before the removal).
+    pub retiring: Option<u64>,
+    /// act: the snapshot taken before a change of minor version.
+    pub snapshot: Option<VersionChangeSnapshot>,
+}
+
+/// The template chain, as the resolve stage found it.
+pub enum TemplateOutcome {
+    /// Its values were written into the spec (the record of which template).
+    Applied(Option<AppliedTemplate>),
+    /// It does not resolve: nothing is changed until the spec is fixed.
+    Failed(ResolveError),
+}
+
+/// The version policy's verdict on the spec's version.
+pub enum VersionVerdict {
+    Accepted(VersionChange),
+    /// Refused; the cluster keeps `running` (`None`: it never ran).
+    Rejected {
+        rejection: VersionRejection,
+        running: Option<semver::Version>,
+    },
+}
+
+/// Whether the workload API answered this reconcile.
+pub enum Remote {
+    Reachable {
+        server: String,
+    },
+    /// Why not: the connector's short reason and its message.
+    Unreachable {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// What the reconcile decided, and how the step went.
+pub enum Decision {
+    Refused(Refusal),
+    /// Paused: the step it would take.
+    Paused(Option<String>),
+    Converged,
+    Waiting(String),
+    Held(String),
+    /// About to take a step whose intent is recorded first (a retirement).
+    Acting,
+    /// Took `step`; `error` says how it failed, if it did.
+    Acted {
+        step: Step,
+        error: Option<String>,
+    },
+}
+
+/// The status [`compose`] made, and what the reconcile says about it.
+pub struct Composed {
+    pub status: EtcdClusterStatus,
+    /// Why the reconcile could not go on, when it could not.
+    pub blocked: Option<String>,
+    /// An adoption event to publish: `(warning, reason, note)`.
+    pub adoption_event: Option<(bool, &'static str, String)>,
+}
+
+impl Composed {
+    /// Why the reconcile could not go on (for `Outcome::Blocked`).
+    pub fn blocked_reason(&self) -> String {
+        self.blocked.clone().unwrap_or_else(|| "blocked".into())
+    }
+}
+
+/// The new status of `cluster` (its stored status, plus what this reconcile
+/// `learned`), stage by stage. Pure: no read, no write.
+pub fn compose(cluster: &EtcdCluster, learned: &Learned) -> Composed {
+    let mut b = Builder::new(cluster);
+    if let Some(r) = &learned.admission_refusal {
+        b.refused(r);
+        return b.done(None);
+    }
+    b.resolution(learned);
+    match &learned.remote {
+        Some(Remote::Unreachable { reason, message }) => {
+            b.remote_unreachable(reason, message);
+            return b.done(None);
+        }
+        Some(Remote::Reachable { server }) => b.remote_reachable(server),
+        None => {}
+    }
+    let mut adoption_event = None;
+    if let Some(obs) = &learned.observation {
+        b.observed(obs);
+        adoption_event = b.adoption(obs);
+    }
+    if let Some((gate, record)) = &learned.restore {
+        if let Some(record) = record {
+            b.new.restore = Some(record.clone());
+        }
+        b.restore_checked(gate);
+    }
+    if let Some(decision) = &learned.decision {
+        b.decided(decision, learned.identity.as_ref());
+    }
+    if let Some(id) = learned.retiring {
+        b.record_retirement(id);
+    }
+    if let Some(snapshot) = &learned.snapshot {
+        b.new.version_change_snapshot = Some(snapshot.clone());
+    }
+    b.done(adoption_event)
+}
+
+/// The status being built by [`compose`].
+struct Builder {
     generation: Option<i64>,
     old: EtcdClusterStatus,
-    pub new: EtcdClusterStatus,
+    new: EtcdClusterStatus,
     blocked: Option<String>,
     /// The naming of the cluster's objects, once observed (names the member
     /// a step acts on in `lastOperation.target`).
     names: Option<Names>,
-    /// The EtcdCluster's resourceVersion this reconcile read (advanced by its
-    /// own writes): the status write is conditional on it, so a reconcile of
-    /// an older copy cannot overwrite newer status.
-    resource_version: Option<String>,
 }
 
-impl Report {
-    pub fn new(cluster: &EtcdCluster) -> Self {
+impl Builder {
+    fn new(cluster: &EtcdCluster) -> Self {
         let old = cluster.status.clone().unwrap_or_default();
         let mut new = old.clone();
         new.observed_generation = cluster.meta().generation;
         new.rollout = rollout_record(cluster);
-        Report {
-            name: cluster.name_any(),
-            namespace: cluster.namespace().unwrap_or_default(),
+        Builder {
             generation: cluster.meta().generation,
             old,
             new,
             blocked: None,
             names: None,
-            resource_version: cluster.meta().resource_version.clone(),
         }
     }
 
-    /// This reconcile wrote the EtcdCluster itself (finalizer,
-    /// materialization): its own write is not someone else's newer one.
-    pub fn advance_resource_version(&mut self, rv: Option<String>) {
-        if rv.is_some() {
-            self.resource_version = rv;
+    fn done(self, adoption_event: Option<(bool, &'static str, String)>) -> Composed {
+        Composed {
+            status: self.new,
+            blocked: self.blocked,
+            adoption_event,
         }
     }
 
-    /// The resourceVersion the next conditional write of this reconcile carries.
-    pub fn resource_version(&self) -> Option<String> {
-        self.resource_version.clone()
+    /// The resolve stage's verdicts: the template and the version.
+    fn resolution(&mut self, learned: &Learned) {
+        match &learned.template {
+            Some(TemplateOutcome::Failed(e)) => return self.template_failed(e),
+            Some(TemplateOutcome::Applied(Some(record))) => {
+                self.new.template = Some(record.clone())
+            }
+            _ => {}
+        }
+        if learned.resolved {
+            self.template_resolved();
+        }
+        match &learned.version {
+            Some(VersionVerdict::Accepted(change)) => {
+                self.version_accepted(change);
+                self.version_support(change.target());
+            }
+            Some(VersionVerdict::Rejected { rejection, running }) => {
+                self.version_rejected(rejection);
+                if let Some(running) = running {
+                    self.version_support(running);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// What the plan and the act said.
+    fn decided(&mut self, decision: &Decision, identity: Option<&ManagedIdentity>) {
+        if let Decision::Refused(r) = decision {
+            return self.refused(r);
+        }
+        self.no_conflict();
+        if let Decision::Paused(next) = decision {
+            return self.paused(next.as_deref());
+        }
+        if let Some(identity) = identity {
+            self.record_identity(identity);
+        }
+        match decision {
+            Decision::Converged => self.converged(),
+            Decision::Waiting(why) => self.waiting(why),
+            Decision::Held(why) => self.held(why),
+            Decision::Acted { step, error } => self.acted(step, error.as_deref()),
+            Decision::Refused(_) | Decision::Paused(_) | Decision::Acting => {}
+        }
     }
 
     /// Refuses to act: `Conflict=True`, nothing progresses.
-    pub fn refused(&mut self, refusal: &Refusal) {
+    fn refused(&mut self, refusal: &Refusal) {
         self.set(CONFLICT, true, refusal.reason, refusal.message.clone());
         self.set(
             PROGRESSING,
@@ -93,45 +260,30 @@ impl Report {
 
     /// The restore snapshot's check: `RestoreFailed=True` naming the object
     /// and why, or `False` once it verified.
-    pub fn restore_checked(&mut self, gate: &super::plan::RestoreGate) {
+    fn restore_checked(&mut self, gate: &RestoreGate) {
         use etcdfleet_api::restore::RESTORE_FAILED;
         match gate {
-            super::plan::RestoreGate::Refused(r) => {
-                self.set(RESTORE_FAILED, true, r.reason, r.message.clone())
-            }
-            super::plan::RestoreGate::Verified => self.set(
+            RestoreGate::Refused(r) => self.set(RESTORE_FAILED, true, r.reason, r.message.clone()),
+            RestoreGate::Verified => self.set(
                 RESTORE_FAILED,
                 false,
                 "SnapshotVerified",
                 "the snapshot exists with the recorded size and SHA-256, and was written by an \
                  etcd minor that spec.version may run on",
             ),
-            super::plan::RestoreGate::NotNeeded => {}
+            RestoreGate::NotNeeded => {}
         }
     }
 
-    /// Records the snapshot taken before a change of minor version.
-    pub fn record_version_change_snapshot(
-        &mut self,
-        snapshot: etcdfleet_api::VersionChangeSnapshot,
-    ) {
-        self.new.version_change_snapshot = Some(snapshot);
-    }
-
-    /// Records the verified snapshot the seeder is rendered from.
-    pub fn record_restore(&mut self, record: &etcdfleet_api::restore::RestoreRecord) {
-        self.new.restore = Some(record.clone());
-    }
-
     /// No conflict stands in the way (clears an earlier `Conflict=True`).
-    pub fn no_conflict(&mut self) {
+    fn no_conflict(&mut self) {
         if self.new.conditions.iter().any(|c| c.type_ == CONFLICT) {
             self.set(CONFLICT, false, "NoConflict", "no conflict");
         }
     }
 
     /// Records the identity this resource manages (once; see `status.identity`).
-    pub fn record_identity(&mut self, identity: &etcdfleet_api::ManagedIdentity) {
+    fn record_identity(&mut self, identity: &etcdfleet_api::ManagedIdentity) {
         if self.new.identity.is_none() {
             self.new.identity = Some(identity.clone());
         }
@@ -192,12 +344,7 @@ impl Report {
         }
     }
 
-    /// Why the reconcile could not go on (for `Outcome::Blocked`).
-    pub fn blocked_reason(&self) -> String {
-        self.blocked.clone().unwrap_or_else(|| "blocked".into())
-    }
-
-    pub fn template_failed(&mut self, e: &ResolveError) {
+    fn template_failed(&mut self, e: &ResolveError) {
         self.set(TEMPLATE_RESOLVED, false, e.reason(), e.to_string());
         self.set(
             PROGRESSING,
@@ -208,30 +355,7 @@ impl Report {
         self.blocked = Some(e.to_string());
     }
 
-    pub fn template_applied(
-        &mut self,
-        cluster_template: Option<&ClusterEtcdTemplate>,
-        template: Option<&EtcdTemplate>,
-        resolution: &Resolution,
-    ) {
-        let (kind, name, generation) = match (template, cluster_template) {
-            (Some(t), _) => ("EtcdTemplate", t.name_any(), t.meta().generation),
-            (None, Some(ct)) => ("ClusterEtcdTemplate", ct.name_any(), ct.meta().generation),
-            (None, None) => return,
-        };
-        let base = template.and(cluster_template);
-        self.new.template = Some(AppliedTemplate {
-            kind: kind.to_string(),
-            name,
-            generation,
-            base: base.map(|b| b.name_any()),
-            base_generation: base.and_then(|b| b.meta().generation),
-            materialized_fields: resolution.template_supplied_paths(),
-            applied_at: Some(now()),
-        });
-    }
-
-    pub fn template_resolved(&mut self, _resolution: &Resolution) {
+    fn template_resolved(&mut self) {
         let message = match &self.new.template {
             Some(t) => format!(
                 "spec is complete; defaults were taken from {} {} (generation {})",
@@ -244,7 +368,7 @@ impl Report {
         self.set(TEMPLATE_RESOLVED, true, "Resolved", message);
     }
 
-    pub fn version_accepted(&mut self, change: &VersionChange) {
+    fn version_accepted(&mut self, change: &VersionChange) {
         let (reason, message) = match change {
             VersionChange::Initial { requested } => {
                 ("Initial", format!("creating the cluster at {requested}"))
@@ -271,7 +395,7 @@ impl Report {
 
     /// `VersionSupported`: a warning naming the upgrade path when the etcd
     /// project no longer supports `version` or advises against it.
-    pub fn version_support(&mut self, version: &semver::Version) {
+    fn version_support(&mut self, version: &semver::Version) {
         match etcdfleet_api::version::notice(version) {
             Some(notice) => self.set(VERSION_SUPPORTED, false, notice.reason(), notice.message()),
             None => self.set(
@@ -283,7 +407,7 @@ impl Report {
         }
     }
 
-    pub fn version_rejected(&mut self, rejection: &VersionRejection) {
+    fn version_rejected(&mut self, rejection: &VersionRejection) {
         self.set(
             VERSION_ACCEPTED,
             false,
@@ -298,18 +422,18 @@ impl Report {
         }
     }
 
-    pub fn remote_unreachable(&mut self, e: &ConnectError) {
-        self.set(REMOTE_REACHABLE, false, e.reason(), e.to_string());
+    fn remote_unreachable(&mut self, reason: &str, message: &str) {
+        self.set(REMOTE_REACHABLE, false, reason, message);
         self.set(
             PROGRESSING,
             false,
             "WorkloadClusterUnreachable",
             "no action is taken while the workload cluster cannot be reached",
         );
-        self.blocked = Some(e.to_string());
+        self.blocked = Some(message.to_string());
     }
 
-    pub fn remote_reachable(&mut self, server: &str) {
+    fn remote_reachable(&mut self, server: &str) {
         self.set(
             REMOTE_REACHABLE,
             true,
@@ -318,32 +442,9 @@ impl Report {
         );
     }
 
-    /// Members unhealthy for longer than `grace`, judged from the stored
-    /// `unhealthySince` (so a controller restart does not reset the clock).
-    pub fn failed_members(&self, health: &ClusterHealth, grace: Duration) -> BTreeSet<u64> {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        health
-            .members()
-            .iter()
-            .filter(|m| !m.healthy)
-            .filter(|m| {
-                self.old
-                    .members
-                    .iter()
-                    .find(|s| s.id.as_deref() == Some(&format!("{:x}", m.member.id)))
-                    .and_then(|s| s.unhealthy_since.as_ref())
-                    .and_then(|since| {
-                        std::time::Duration::try_from(now.duration_since(since.0)).ok()
-                    })
-                    .is_some_and(|d| d >= grace)
-            })
-            .map(|m| m.member.id)
-            .collect()
-    }
-
     /// What was observed: the members' status, the version they agree on,
     /// and the Available and Degraded conditions.
-    pub fn observed(&mut self, planner: &Observation) {
+    fn observed(&mut self, planner: &Observation) {
         self.names = Some(planner.names.clone());
         let names = &planner.names;
         self.new.selector = Some(render::selector_string(names));
@@ -536,7 +637,7 @@ impl Report {
         }
     }
 
-    pub fn paused(&mut self, next: Option<&str>) {
+    fn paused(&mut self, next: Option<&str>) {
         let message = match next {
             Some(step) => format!("spec.paused is true; the next step would be: {step}"),
             None => "spec.paused is true; nothing would be done".to_string(),
@@ -544,7 +645,7 @@ impl Report {
         self.set(PROGRESSING, false, "Paused", message);
     }
 
-    pub fn converged(&mut self) {
+    fn converged(&mut self) {
         self.set(
             PROGRESSING,
             false,
@@ -553,16 +654,16 @@ impl Report {
         );
     }
 
-    pub fn waiting(&mut self, why: &str) {
+    fn waiting(&mut self, why: &str) {
         self.set(PROGRESSING, true, "Waiting", why);
     }
 
     /// Nothing progresses until a person acts: Progressing is False.
-    pub fn held(&mut self, why: &str) {
+    fn held(&mut self, why: &str) {
         self.set(PROGRESSING, false, "NeedsAttention", why);
     }
 
-    pub fn acted(&mut self, step: &Step, error: Option<&Error>) {
+    fn acted(&mut self, step: &Step, error: Option<&str>) {
         self.set(PROGRESSING, true, step.kind(), step.to_string());
         // Failures of the same step in a row (the planner backs off on them).
         let failures = match (error, &self.old.last_operation) {
@@ -616,65 +717,6 @@ impl Report {
         {
             m.unhealthy_since = None;
         }
-    }
-
-    /// Writes the status now, before a step whose effect must be
-    /// recognisable as this controller's after a crash (the intent is in
-    /// status before the act); later writes of this reconcile build on it.
-    pub async fn write_before_acting(&mut self, ctx: &Context) -> Result<()> {
-        if self.new == self.old {
-            return Ok(());
-        }
-        let api: Api<EtcdCluster> = Api::namespaced(ctx.management.clone(), &self.namespace);
-        let patch = match &self.resource_version {
-            Some(rv) => {
-                serde_json::json!({ "metadata": { "resourceVersion": rv }, "status": self.new })
-            }
-            None => serde_json::json!({ "status": self.new }),
-        };
-        let written = api
-            .patch_status(
-                &self.name,
-                &crate::controller_patch_params(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(Error::ManagementApi)?;
-        self.advance_resource_version(written.metadata.resource_version);
-        self.old = self.new.clone();
-        Ok(())
-    }
-
-    /// Writes the status if it changed. Returns whether it wrote.
-    pub async fn write(&self, ctx: &Context) -> Result<bool> {
-        let key = format!("{}/{}", self.namespace, self.name);
-        ctx.metrics
-            .set_cluster_conditions(&key, Some(&self.new.conditions));
-        ctx.metrics
-            .set_cluster_members(&key, self.new.replicas, self.new.ready_members);
-        ctx.metrics.set_ca_rotation_phase(
-            &key,
-            &etcdfleet_api::ca_rotation::phase::ALL,
-            self.new.ca_rotation.as_ref().map(|r| r.phase.as_str()),
-        );
-        if self.new == self.old {
-            return Ok(false);
-        }
-        let api: Api<EtcdCluster> = Api::namespaced(ctx.management.clone(), &self.namespace);
-        let patch = match &self.resource_version {
-            Some(rv) => {
-                serde_json::json!({ "metadata": { "resourceVersion": rv }, "status": self.new })
-            }
-            None => serde_json::json!({ "status": self.new }),
-        };
-        api.patch_status(
-            &self.name,
-            &crate::controller_patch_params(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(Error::ManagementApi)?;
-        Ok(true)
     }
 }
 
@@ -736,7 +778,7 @@ mod tests {
         }
     }
 
-    fn degraded(report: &Report) -> (String, String) {
+    fn degraded(report: &Builder) -> (String, String) {
         let c = conditions::find(&report.new.conditions, DEGRADED).expect("Degraded set");
         (c.status.clone(), c.reason.clone())
     }
@@ -749,7 +791,7 @@ mod tests {
 
     #[test]
     fn a_member_the_last_step_restarted_is_progress_not_degradation() {
-        let mut report = Report::new(&cluster(restarted("c-etcd-1")));
+        let mut report = Builder::new(&cluster(restarted("c-etcd-1")));
         report.observed(&one_down(1));
         assert_eq!(
             degraded(&report),
@@ -759,7 +801,7 @@ mod tests {
 
     #[test]
     fn a_member_down_that_no_step_took_down_is_degraded() {
-        let mut report = Report::new(&cluster(restarted("c-etcd-2")));
+        let mut report = Builder::new(&cluster(restarted("c-etcd-2")));
         report.observed(&one_down(1));
         assert_eq!(
             degraded(&report),
@@ -768,7 +810,7 @@ mod tests {
         // Past its failure grace, a restarted member is trouble too.
         let mut obs = one_down(1);
         obs.failed_members.insert(101);
-        let mut report = Report::new(&cluster(restarted("c-etcd-1")));
+        let mut report = Builder::new(&cluster(restarted("c-etcd-1")));
         report.observed(&obs);
         assert_eq!(degraded(&report).0, "True");
     }
@@ -777,21 +819,21 @@ mod tests {
     fn a_cluster_whose_first_member_is_starting_is_not_degraded() {
         let mut obs = converged(1, 1);
         obs.etcd = EtcdObservation::Unreachable("connection refused".into());
-        let mut report = Report::new(&cluster(EtcdClusterStatus::default()));
+        let mut report = Builder::new(&cluster(EtcdClusterStatus::default()));
         report.observed(&obs);
         assert_eq!(
             degraded(&report),
             ("False".to_string(), "Bootstrapping".to_string())
         );
         // Once a member ran, nobody answering is trouble.
-        let mut report = Report::new(&cluster(restarted("c-etcd-0")));
+        let mut report = Builder::new(&cluster(restarted("c-etcd-0")));
         report.observed(&obs);
         assert_ne!(degraded(&report).1, "Bootstrapping");
     }
 
     #[test]
     fn the_last_operation_names_the_member_a_step_takes_down() {
-        let mut report = Report::new(&cluster(EtcdClusterStatus::default()));
+        let mut report = Builder::new(&cluster(EtcdClusterStatus::default()));
         report.observed(&converged(3, 3));
         report.acted(
             &Step::RestartMember {
@@ -820,9 +862,9 @@ mod tests {
             unhealthy_since: Some(now()),
             ..Default::default()
         }];
-        let mut report = Report::new(&cluster(status));
+        let mut report = Builder::new(&cluster(status));
         report.observed(&one_down(1));
-        let since = |r: &Report| {
+        let since = |r: &Builder| {
             r.new
                 .members
                 .iter()

@@ -5,11 +5,12 @@ use etcdfleet_api::EtcdCluster;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, Patch};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use super::super::cluster_object::ClusterObject;
 use super::super::context::{Context, Error, FINALIZER, Outcome, Result};
 use super::target::delete_exact;
 use crate::connector::{ConnectError, KubeconfigLocation};
@@ -20,7 +21,11 @@ use crate::render::{self, Names};
 /// release the finalizer. A workload cluster whose kubeconfig Secret is gone
 /// is gone for good: nothing to clean. One that stays unreachable is given up
 /// on after `deletion_timeout`, with a warning event naming what was left.
-pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
+pub async fn finalize(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+    object: &mut ClusterObject,
+) -> Result<Outcome> {
     if !cluster.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Outcome::Deleted);
     }
@@ -63,19 +68,12 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
             .await;
         }
     }
-    let api: Api<EtcdCluster> = Api::namespaced(
-        ctx.management.clone(),
-        &cluster.namespace().unwrap_or_default(),
-    );
     let finalizers: Vec<String> = cluster
         .finalizers()
         .iter()
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    let patch = serde_json::json!({
-        "metadata": { "finalizers": finalizers, "resourceVersion": cluster.resource_version() }
-    });
     if let Some(location) = KubeconfigLocation::of(cluster) {
         ctx.connector.forget(&location);
     }
@@ -84,17 +82,13 @@ pub async fn finalize(cluster: &EtcdCluster, ctx: &Context) -> Result<Outcome> {
         cluster.namespace().unwrap_or_default(),
         cluster.name_any()
     ));
-    match api
-        .patch(
-            &cluster.name_any(),
-            &crate::controller_patch_params(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
+    let released = object
+        .merge(serde_json::json!({ "metadata": { "finalizers": finalizers } }))
+        .await;
+    match released {
         Ok(_) => Ok(Outcome::Deleted),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Outcome::Deleted),
-        Err(e) => Err(Error::ManagementApi(e)),
+        Err(Error::ManagementApi(kube::Error::Api(s))) if s.code == 404 => Ok(Outcome::Deleted),
+        Err(e) => Err(e),
     }
 }
 
@@ -105,7 +99,7 @@ async fn cleanup_workload(cluster: &EtcdCluster, ctx: &Context) -> Result<()> {
     // else the spec as last resolved.
     let ns = match cluster.status.as_ref().and_then(|s| s.identity.as_ref()) {
         Some(identity) => identity.workload_namespace.clone(),
-        None => super::super::resolve::resolve_own_spec(&cluster.spec)
+        None => etcdfleet_api::template::resolve_own_spec(&cluster.spec)
             .map(|r| r.spec.workload_namespace)
             .unwrap_or_else(|_| etcdfleet_api::template::DEFAULT_WORKLOAD_NAMESPACE.to_string()),
     };

@@ -7,9 +7,10 @@
 //! bootstrap in `objects`, the management-side PKI in `pki`, the members
 //! (etcd membership, volumes, restarts, maintenance) in `members`; the
 //! takeover of a running etcd in `adopt`; the rotation of the CA in
-//! `ca_rotation`; what every step acts on in `target`; deletion of the
-//! whole cluster is [`finalize`]. The steps of a version change, which
-//! record into the status, are [`version::execute`]'s.
+//! `ca_rotation`; the steps of a version change in `version`; what every
+//! step acts on in `target`; deletion of the whole cluster is [`finalize`].
+//! Writes to the EtcdCluster itself go through its
+//! [`ClusterObject`](super::cluster_object::ClusterObject).
 
 mod adopt;
 mod ca_rotation;
@@ -18,39 +19,72 @@ mod members;
 mod objects;
 mod pki;
 mod target;
-pub mod version;
+mod version;
 
-use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::{EtcdCluster, VersionChangeSnapshot};
 
 pub use finalize::finalize;
 
+use super::cluster_object::ClusterObject;
 use super::context::{Context, Result};
 use super::observe::Observed;
-use super::plan::Step;
-use super::resolve::Resolved;
+use super::plan::step::Step;
 use crate::connector::WorkloadCluster;
+use crate::render::RenderInputs;
 use members::{
     add_learner, defragment, delete_pvc, delete_stale_storage, move_leader, promote_learner,
     record_pvc_member, recover_from_nospace, remove_member, restart_member, scale_statefulset,
 };
 use target::Target;
 
-/// Executes one step.
+/// What a step left to record in the status (besides its outcome).
+#[derive(Debug, Default)]
+pub struct ActRecord {
+    /// The snapshot taken before a change of minor version.
+    pub snapshot: Option<VersionChangeSnapshot>,
+}
+
+/// What every step runs with.
+pub struct Acting<'a> {
+    pub cluster: &'a EtcdCluster,
+    /// The render inputs of the resolve stage.
+    pub inputs: &'a RenderInputs,
+    pub observed: &'a Observed,
+    pub workload: &'a WorkloadCluster,
+    pub ctx: &'a Context,
+}
+
+/// Executes one step, whatever it is.
 pub async fn execute(
     step: &Step,
-    cluster: &EtcdCluster,
-    resolved: &Resolved,
-    observed: &Observed,
-    workload: &WorkloadCluster,
-    ctx: &Context,
-) -> Result<()> {
-    let on = &Target {
-        cluster,
-        inputs: &resolved.inputs,
-        observed,
-        workload,
-        ctx,
+    acting: Acting<'_>,
+    object: &mut ClusterObject,
+) -> Result<ActRecord> {
+    // A restoring cluster's seeder is rendered from the snapshot the observe
+    // stage verified this reconcile.
+    let inputs = match &acting.observed.restore_record {
+        Some(record) => RenderInputs {
+            restore: Some(record.clone()),
+            ..acting.inputs.clone()
+        },
+        None => acting.inputs.clone(),
     };
+    let on = &Target {
+        cluster: acting.cluster,
+        inputs: &inputs,
+        observed: acting.observed,
+        workload: acting.workload,
+        ctx: acting.ctx,
+    };
+    if let Step::Version(v) = step {
+        let snapshot = version::execute(v, on, object).await?;
+        return Ok(ActRecord { snapshot });
+    }
+    execute_on(step, on).await.map(|()| ActRecord::default())
+}
+
+/// The steps on the workload cluster and etcd.
+async fn execute_on(step: &Step, on: &Target<'_>) -> Result<()> {
     match step {
         Step::WriteObjects(kinds) => objects::write_objects(on, kinds).await,
         Step::Bootstrap { replicas } => objects::bootstrap(on, *replicas).await,
@@ -69,10 +103,6 @@ pub async fn execute(
         Step::RecoverFromNoSpace => recover_from_nospace(on.inputs, on.observed).await,
         Step::Defragment { ordinal, .. } => defragment(on, *ordinal).await,
         Step::RestartMember { ordinal, .. } => restart_member(on, *ordinal).await,
-        // Taken by `version::execute`, which records into the report.
-        Step::Version(step) => Err(super::context::Error::Invalid(format!(
-            "{step} is taken by the version-change act"
-        ))),
         Step::ImportCa => adopt::import_ca(on).await,
         Step::RetireMember { member_id } => adopt::retire_member(on, *member_id).await,
         // Status only: the report records the request and the end.
@@ -82,5 +112,7 @@ pub async fn execute(
         Step::DropPreviousCa => ca_rotation::drop_previous_ca(on).await,
         Step::CancelCaRotation => ca_rotation::drop_next_ca(on).await,
         Step::RecoverCa { .. } => ca_rotation::recover_ca(on).await,
+        // Taken above, with the EtcdCluster object.
+        Step::Version(_) => Ok(()),
     }
 }

@@ -14,7 +14,7 @@ use kube::api::{Api, ObjectMeta, Patch, PostParams};
 use kube::{Resource, ResourceExt};
 
 use super::super::context::{Context, Error, Result};
-use super::super::plan::ObjectKind;
+use super::super::plan::step::ObjectKind;
 use super::pki;
 use super::target::{CERT_VALIDITY_DAYS, Target, apply};
 use crate::access::{read_pki, secret_str};

@@ -2,60 +2,55 @@
 //! it (streamed to the cluster's backup destination as a backup is,
 //! verified, and recorded in `status.versionChangeSnapshot`), etcd's
 //! `downgrade validate`/`enable`/`cancel`, and the withdrawal of the
-//! acknowledgement. They record into the report: the snapshot into the
-//! status, and removing the acknowledgement (an annotation on the
-//! EtcdCluster) advances the resourceVersion the status write is
-//! conditional on. The pipeline hands them here instead of to
-//! [`super::execute`].
+//! acknowledgement (an annotation on the EtcdCluster, removed through its
+//! [`ClusterObject`]). The snapshot taken is returned for the status.
 
 use etcdfleet_api::backup::resolve_destination;
 use etcdfleet_api::version::DOWNGRADE_ANNOTATION;
 use etcdfleet_api::{EtcdCluster, VersionChangeSnapshot};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch};
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 
-use crate::etcdcluster::context::{Context, Error, Result};
-use crate::etcdcluster::observe::Observed;
-use crate::etcdcluster::plan::VersionStep;
-use crate::etcdcluster::status::Report;
+use super::super::cluster_object::ClusterObject;
+use super::super::context::{Context, Error, Result};
+use super::super::observe::Observed;
+use super::super::plan::step::VersionStep;
+use super::target::Target;
 use crate::snapshot::take_from;
 use crate::store::{Store, read_credentials};
 
-/// Takes `step` (see [`VersionStep`]).
-pub async fn execute(
+/// Takes `step` (see [`VersionStep`]); the snapshot it took, if any.
+pub(super) async fn execute(
     step: &VersionStep,
-    cluster: &EtcdCluster,
-    observed: &Observed,
-    ctx: &Context,
-    report: &mut Report,
-) -> Result<()> {
+    on: &Target<'_>,
+    object: &mut ClusterObject,
+) -> Result<Option<VersionChangeSnapshot>> {
+    let (cluster, observed, ctx) = (on.cluster, on.observed, on.ctx);
     let no_etcd = || Error::Invalid("etcd did not answer".into());
     match step {
         VersionStep::SnapshotBefore { from, to } => {
             let snapshot = snapshot_before(cluster, observed, ctx, from, to).await?;
-            report.record_version_change_snapshot(snapshot);
-            Ok(())
+            Ok(Some(snapshot))
         }
         VersionStep::EnableDowngrade { target } => {
             let etcd = observed.etcd.as_ref().ok_or_else(no_etcd)?;
             etcd.validate_downgrade(target).await?;
             etcd.enable_downgrade(target).await?;
-            Ok(())
+            Ok(None)
         }
         VersionStep::CancelDowngrade { .. } => {
             // The acknowledgement first: if that write fails, etcd's
             // downgrade is still enabled and this step comes again; if the
             // cancel fails after it, the planner asks for the cancel again
             // (it follows etcd's target, not the annotation).
-            withdraw_acknowledgement(cluster, ctx, report).await?;
+            withdraw_acknowledgement(cluster, object).await?;
             let etcd = observed.etcd.as_ref().ok_or_else(no_etcd)?;
             etcd.cancel_downgrade().await?;
-            Ok(())
+            Ok(None)
         }
-        VersionStep::ForgetAcknowledgement { .. } => {
-            withdraw_acknowledgement(cluster, ctx, report).await
-        }
+        VersionStep::ForgetAcknowledgement { .. } => withdraw_acknowledgement(cluster, object)
+            .await
+            .map(|()| None),
     }
 }
 
@@ -108,32 +103,9 @@ async fn snapshot_before(
 
 /// Removes [`DOWNGRADE_ANNOTATION`] (conditional on the resourceVersion
 /// this reconcile read or wrote last).
-async fn withdraw_acknowledgement(
-    cluster: &EtcdCluster,
-    ctx: &Context,
-    report: &mut Report,
-) -> Result<()> {
+async fn withdraw_acknowledgement(cluster: &EtcdCluster, object: &mut ClusterObject) -> Result<()> {
     if !cluster.annotations().contains_key(DOWNGRADE_ANNOTATION) {
         return Ok(());
     }
-    let api: Api<EtcdCluster> = Api::namespaced(
-        ctx.management.clone(),
-        &cluster.namespace().unwrap_or_default(),
-    );
-    let patch = serde_json::json!({
-        "metadata": {
-            "resourceVersion": report.resource_version().or_else(|| cluster.meta().resource_version.clone()),
-            "annotations": { DOWNGRADE_ANNOTATION: null },
-        }
-    });
-    let patched = api
-        .patch(
-            &cluster.name_any(),
-            &crate::controller_patch_params(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(Error::ManagementApi)?;
-    report.advance_resource_version(patched.metadata.resource_version);
-    Ok(())
+    object.remove_annotation(DOWNGRADE_ANNOTATION).await
 }

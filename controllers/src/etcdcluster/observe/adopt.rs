@@ -16,7 +16,9 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::super::context::{Context, Error, Result};
-use super::super::plan::{AdoptionObservation, EtcdObservation, ProbedPort, TrustProbe};
+use super::super::plan::observation::{
+    AdoptionObservation, EtcdObservation, ProbedPort, TrustProbe,
+};
 use super::objects::Workload;
 use crate::access::{Pki, secret_str};
 use crate::etcd::{ClusterHealth, TlsMaterial, probe_tls};

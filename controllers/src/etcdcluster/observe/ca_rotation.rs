@@ -11,7 +11,7 @@ use etcdfleet_api::ca_rotation::{
 };
 use kube::ResourceExt;
 
-use super::super::plan::CaRotationObservation;
+use super::super::plan::observation::CaRotationObservation;
 use crate::access::Pki;
 use crate::pki::remaining_validity;
 

@@ -5,7 +5,7 @@ use etcdfleet_api::EtcdCluster;
 use kube::ResourceExt;
 
 use super::super::context::Context;
-use super::super::plan::EtcdObservation;
+use super::super::plan::observation::EtcdObservation;
 use super::adopt::AdoptionReading;
 use super::objects::Workload;
 use crate::access::{Pki, member_endpoints, observe_members};

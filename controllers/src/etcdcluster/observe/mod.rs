@@ -1,6 +1,7 @@
 //! Observe stage: a few readers, one per source, each with its own output,
-//! and the planner's observation assembled from them. Read only: nothing
-//! here writes to any API or to etcd.
+//! and the planner's observation assembled from them ([`assemble`], the
+//! one assembler `etcdfleet plan` uses too). Read only: nothing here writes
+//! to any API or to etcd.
 //!
 //! - [`pki`]: the management-side CA and client identity ([`pki::PkiReading`]);
 //! - [`objects`]: the workload objects against the render contract
@@ -11,20 +12,26 @@
 //!   the backup destination and its snapshot, the v2 store in the pods);
 //! - [`adopt`]: a running etcd being taken over ([`adopt::AdoptionReading`]);
 //! - [`ca_rotation`]: a rotation of the CA asked for or under way;
-//! - and what the stored status remembers (failure grace, the last step).
+//! - [`history`]: what the stored status remembers (failure grace, the last
+//!   step), judged on a live read of the EtcdCluster when a member is down;
+//! - [`restore`]: the snapshot of a cluster that restores, before its first
+//!   write.
 
 pub mod adopt;
+pub mod assemble;
 pub mod ca_rotation;
 pub mod etcd;
+pub mod history;
 pub mod objects;
 pub mod pki;
+pub mod restore;
 pub mod version;
 pub mod volumes;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::collections::BTreeMap;
 
-use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::restore::RestoreRecord;
+use etcdfleet_api::{EtcdCluster, EtcdClusterStatus};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
@@ -32,17 +39,17 @@ use kube::ResourceExt;
 pub use crate::access::{PKI_CA_CERT, PKI_CA_KEY, PKI_CLIENT_CERT, PKI_CLIENT_KEY, Pki, read_pki};
 pub use volumes::{PVC_MEMBER_ANNOTATION, PVC_OWNER_ANNOTATION, PVC_VERSION_ANNOTATION};
 
-use super::context::{Context, Result, cluster_key};
-use super::plan::{
-    AdoptionState, FailedStep, ObjectKind, Observation, READY_POD_GRACE_FACTOR,
-    StatefulSetObservation, adoption_state,
-};
-use super::resolve::Resolved;
-use super::status::Report;
+use super::context::{Context, Error, Result, cluster_key};
+use super::plan::adopt::{AdoptionState, adoption_state};
+use super::plan::observation::{Observation, StatefulSetObservation};
+use super::plan::step::ObjectKind;
+use super::resolved::Resolved;
 use crate::access::statefulset_replicas;
 use crate::connector::WorkloadCluster;
 use crate::etcd::{ClusterClient, ClusterHealth, EtcdConfig};
 use crate::render::{self, Names};
+use assemble::{ObjectsReading, Readings};
+use history::History;
 use objects::{StatefulSetReading, StaticObjects, Workload};
 
 /// Everything observed, raw objects included (for `act`'s preconditions).
@@ -67,6 +74,9 @@ pub struct Observed {
     /// poll): their presence and owner are what the last converged
     /// reconcile saw. Nothing may be written on such an observation.
     pub trusted_memo: bool,
+    /// A restoring cluster's snapshot, verified this reconcile: what its
+    /// seeder is rendered from.
+    pub restore_record: Option<RestoreRecord>,
 }
 
 impl Observed {
@@ -108,7 +118,6 @@ pub async fn observe(
     resolved: &Resolved,
     workload: &WorkloadCluster,
     ctx: &Context,
-    report: &Report,
 ) -> Result<Observed> {
     let inputs = &resolved.inputs;
     let key = cluster_key(cluster);
@@ -116,9 +125,9 @@ pub async fn observe(
     let recalled = ctx
         .memo
         .recall(&key, fingerprint, ctx.settings.reread_after);
+    let trusted_memo = recalled.is_some();
     let w = Workload::new(workload, inputs);
 
-    let trusted_memo = recalled.is_some();
     let pki = pki::read(cluster, inputs, recalled.as_ref(), ctx).await?;
     // Present, owned and matching at the last converged reconcile: not
     // re-read within `reread_after` (see `memo`).
@@ -142,13 +151,31 @@ pub async fn observe(
         ctx,
     )
     .await;
-    let history = History::of(cluster, (etcd.health.as_ref(), &w.names), ctx, report);
+    let status = remembered(cluster, etcd.health.as_ref(), ctx).await?;
+    let history = History::of(
+        &status,
+        (etcd.health.as_ref(), &w.names),
+        ctx.settings.member_failure_grace,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let bootstrapped = statefulset.statefulset.is_some() || history.known_voters > 0;
+    let restore = restore::read(cluster, &inputs.version, bootstrapped, &members.pvcs, ctx).await?;
 
-    let planner = Observation {
+    let readings = Readings {
         names: w.names.clone(),
         tls: inputs.tls,
         desired_replicas: resolved.resolution.spec.replicas.max(1) as u32,
-        stale_objects: stale_objects(&pki, &objects, &statefulset),
+        objects: ObjectsReading {
+            stale: stale_objects(&pki, &objects, &statefulset),
+            conflicts: [
+                objects.conflicts,
+                statefulset.conflicts.clone(),
+                members.conflicts.clone(),
+            ]
+            .concat(),
+            tls_secret_ca_present: objects.tls_secret_ca_present,
+            pki_present: pki.pki.is_some(),
+        },
         statefulset: statefulset
             .statefulset
             .as_ref()
@@ -166,17 +193,8 @@ pub async fn observe(
             .map(|(o, p)| (*o, volumes::pvc_observation(p, &w.owner)))
             .collect(),
         etcd: etcd.etcd,
-        failed_members: history.failed_members,
-        failed_long_ago: history.failed_long_ago,
         alarms: etcd.alarms,
-        conflicts: [objects.conflicts, statefulset.conflicts, members.conflicts].concat(),
-        // The management-side CA is gone but the workload still trusts one: a
-        // lost Secret, not a new cluster (which has neither; nor has a
-        // cluster that adopts a running etcd before it imported its CA).
-        pki_lost: inputs.tls
-            && pki.pki.is_none()
-            && (objects.tls_secret_ca_present || history.had_members),
-        storage_change: statefulset.storage_change,
+        storage_change: statefulset.storage_change.clone(),
         requested_version: Some(inputs.version.clone()),
         downgrade_acknowledged: cluster
             .annotations()
@@ -187,14 +205,11 @@ pub async fn observe(
             resolved.version_change.as_ref(),
             &members.pods.values().collect::<Vec<_>>(),
         ),
-        known_voters: history.known_voters,
-        last_failure: history.last_failure,
-        // Filled by the pipeline's restore gate when the cluster restores.
-        restore: Default::default(),
-        adoption: None,
+        history,
+        restore: restore.as_ref().map(|r| r.gate.clone()).unwrap_or_default(),
         ca_rotation: ca_rotation::read(cluster, pki.pki.as_ref(), ctx.settings.ca_rotate_before),
     };
-    let planner = with_adoption(planner, adoption.as_mut(), &w, ctx).await;
+    let planner = with_adoption(assemble::assemble(readings), adoption.as_mut(), &w, ctx).await;
     Ok(Observed {
         planner,
         statefulset: statefulset.statefulset,
@@ -208,7 +223,33 @@ pub async fn observe(
         server: workload.server.clone(),
         memo_key: (key, fingerprint),
         trusted_memo,
+        restore_record: restore.and_then(|r| r.record),
     })
+}
+
+/// The status whose memory the planner judges: the copy this reconcile
+/// started from, or, while a member is down, a live read of the
+/// EtcdCluster. A watch may deliver a copy late, and a failure grace
+/// judged on a late copy could remove a member that failed a moment ago.
+/// A cluster with every member healthy costs no read here.
+async fn remembered(
+    cluster: &EtcdCluster,
+    health: Option<&ClusterHealth>,
+    ctx: &Context,
+) -> Result<EtcdClusterStatus> {
+    let copy = cluster.status.clone().unwrap_or_default();
+    if !health.is_some_and(|h| h.members().iter().any(|m| !m.healthy)) {
+        return Ok(copy);
+    }
+    let api: kube::Api<EtcdCluster> = kube::Api::namespaced(
+        ctx.management.clone(),
+        &cluster.namespace().unwrap_or_default(),
+    );
+    let live = api
+        .get(&cluster.name_any())
+        .await
+        .map_err(Error::ManagementApi)?;
+    Ok(live.status.unwrap_or_default())
 }
 
 /// The adoption's observation, with the TLS probes of the existing members
@@ -247,61 +288,4 @@ fn stale_objects(
         .chain(objects.stale.iter().copied())
         .chain(sts)
         .collect()
-}
-
-/// What the stored status remembers: members past their failure grace (it
-/// lives in `status.members[].unhealthySince`), the last step if it failed,
-/// and the members listed last time.
-struct History {
-    failed_members: BTreeSet<u64>,
-    failed_long_ago: BTreeSet<u64>,
-    last_failure: Option<FailedStep>,
-    known_voters: u32,
-    had_members: bool,
-}
-
-impl History {
-    fn of(
-        cluster: &EtcdCluster,
-        (health, names): (Option<&ClusterHealth>, &Names),
-        ctx: &Context,
-        report: &Report,
-    ) -> Self {
-        let grace = ctx.settings.member_failure_grace;
-        let failed_members = match health {
-            Some(h) => report.failed_members(h, grace),
-            None => BTreeSet::new(),
-        };
-        let failed_long_ago = match health {
-            Some(h) => report.failed_members(h, grace * READY_POD_GRACE_FACTOR),
-            None => BTreeSet::new(),
-        };
-        let old_status = cluster.status.clone().unwrap_or_default();
-        let last_failure = old_status.last_operation.as_ref().and_then(|op| {
-            (op.outcome == "Failed").then(|| FailedStep {
-                kind: op.type_.clone(),
-                failures: op.failures.unwrap_or(1).max(1) as u32,
-                age: op
-                    .time
-                    .as_ref()
-                    .and_then(|t| {
-                        Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
-                            .ok()
-                    })
-                    .unwrap_or(Duration::MAX),
-                message: op.message.clone().unwrap_or_default(),
-            })
-        });
-        History {
-            failed_members,
-            failed_long_ago,
-            last_failure,
-            known_voters: old_status.members.iter().filter(|m| !m.learner).count() as u32,
-            // Members of this cluster (an adopted etcd's old members are not).
-            had_members: old_status
-                .members
-                .iter()
-                .any(|m| names.ordinal_of(&m.name).is_some()),
-        }
-    }
 }

@@ -10,8 +10,9 @@ use kube::Resource;
 use kube::api::Api;
 
 use super::super::context::{Error, Result};
-use super::super::plan::{ForeignObject, ObjectKind};
-use super::super::resolve::Resolved;
+use super::super::plan::observation::ForeignObject;
+use super::super::plan::step::ObjectKind;
+use super::super::resolved::Resolved;
 use super::pki::PkiReading;
 use crate::access::{Pki, secret_str};
 use crate::connector::WorkloadCluster;

@@ -7,7 +7,7 @@ use etcdfleet_api::EtcdCluster;
 use etcdfleet_api::version::VersionChange;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::super::plan::VersionObservation;
+use super::super::plan::observation::VersionObservation;
 
 /// Whether etcd's command line or environment enables the v2 store
 /// (`--enable-v2`, `ETCD_ENABLE_V2=true`): what etcd's 3.6 upgrade guide

@@ -9,7 +9,7 @@ use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
 use super::super::context::Result;
-use super::super::plan::{ForeignObject, PodObservation, PvcObservation};
+use super::super::plan::observation::{ForeignObject, PodObservation, PvcObservation};
 use super::objects::Workload;
 use crate::render;
 

@@ -1,14 +1,10 @@
-//! The rules that come before any step: refusals (acting would harm data
-//! or another owner), the restore gate, and the backoff of a failing step.
-//! Also the identity check the pipeline makes before any workload I/O.
+//! The rules that come before any step: the refusals (acting would harm
+//! data or another owner), one rule each, the restore gate, and the backoff
+//! of a failing step. Also the identity check admission makes before any
+//! workload I/O.
 
 use super::observation::{EtcdObservation, Observation, RestoreGate};
 use super::step::{Plan, Refusal};
-
-/// Rule: nothing at all is done while a refusal stands (see [`refusal`]).
-pub(super) fn refusals(obs: &Observation) -> Option<Plan> {
-    refusal(obs).map(Plan::Refuse)
-}
 
 /// Rule: a restore whose snapshot is missing or corrupt makes nothing: no
 /// Service, no Secret, no StatefulSet (a half-made cluster would start
@@ -86,95 +82,112 @@ pub fn identity_mismatch(
     })
 }
 
-/// Why nothing may be done at all, if so. Checked before every step.
-fn refusal(obs: &Observation) -> Option<Refusal> {
-    if !obs.conflicts.is_empty() {
-        let list: Vec<String> = obs
-            .conflicts
-            .iter()
-            .map(|c| match &c.owner {
-                Some(owner) => format!("{} (owned by {owner})", c.object),
-                None => format!("{} (not made by etcdfleet: no owner label)", c.object),
-            })
-            .collect();
-        return Some(Refusal {
-            reason: "ObjectOwnedElsewhere",
-            message: format!(
-                "workload objects at this cluster's names belong to someone else: {}; \
-                 nothing is written, adopted or deleted. Rename this EtcdCluster or set a \
-                 different workloadNamespace",
-                list.join(", ")
-            ),
-        });
+/// Rule: workload objects at this cluster's names that another owner (or
+/// nobody) holds: nothing is written, adopted or deleted.
+pub(super) fn objects_owned_elsewhere(obs: &Observation) -> Option<Plan> {
+    if obs.conflicts.is_empty() {
+        return None;
     }
-    if obs.pki_lost {
-        return Some(Refusal {
+    let list: Vec<String> = obs
+        .conflicts
+        .iter()
+        .map(|c| match &c.owner {
+            Some(owner) => format!("{} (owned by {owner})", c.object),
+            None => format!("{} (not made by etcdfleet: no owner label)", c.object),
+        })
+        .collect();
+    Some(Plan::Refuse(Refusal {
+        reason: "ObjectOwnedElsewhere",
+        message: format!(
+            "workload objects at this cluster's names belong to someone else: {}; \
+             nothing is written, adopted or deleted. Rename this EtcdCluster or set a \
+             different workloadNamespace",
+            list.join(", ")
+        ),
+    }))
+}
+
+/// Rule: the CA Secret is gone while the members use its CA: a new CA
+/// would lock every member out.
+pub(super) fn pki_lost(obs: &Observation) -> Option<Plan> {
+    obs.pki_lost.then(|| {
+        Plan::Refuse(Refusal {
             reason: "PkiLost",
             message: format!(
-                "the CA Secret {} is gone from the management cluster, but the members still use \
-                 certificates of the old CA; a new CA would lock every member out. Restore the \
-                 Secret (from a backup of the management cluster), or annotate the EtcdCluster \
-                 with etcdfleet.dev/recover-ca=<request-id> to rotate to a new CA from the \
-                 members' current trust; nothing is re-keyed until then",
+                "the CA Secret {} is gone from the management cluster, but the members still \
+                 use certificates of the old CA; a new CA would lock every member out. Restore \
+                 the Secret (from a backup of the management cluster), or annotate the \
+                 EtcdCluster with etcdfleet.dev/recover-ca=<request-id> to rotate to a new CA \
+                 from the members' current trust; nothing is re-keyed until then",
                 obs.names.pki_secret()
             ),
-        });
-    }
-    if let Some(change) = &obs.storage_change {
-        return Some(Refusal {
-            reason: "StorageImmutable",
+        })
+    })
+}
+
+/// Rule: a storage change the StatefulSet's claim templates cannot take.
+pub(super) fn storage_immutable(obs: &Observation) -> Option<Plan> {
+    let change = obs.storage_change.as_ref()?;
+    Some(Plan::Refuse(Refusal {
+        reason: "StorageImmutable",
+        message: format!(
+            "{change}; a StatefulSet's volume claim templates cannot change, so nothing is \
+             written. Revert spec.storage"
+        ),
+    }))
+}
+
+/// Rule: the version the spec asks for, judged against the data on the
+/// volumes as last recorded: decisive when no member runs (a cluster
+/// recreated over kept volumes), a second check otherwise.
+pub(super) fn version_forbidden_by_volumes(obs: &Observation) -> Option<Plan> {
+    let requested = obs.requested_version.as_ref()?;
+    obs.pvcs.iter().find_map(|(ordinal, pvc)| {
+        let data = pvc.etcd_version.as_ref()?;
+        let rejection = etcdfleet_api::version::decide_with(
+            Some(data),
+            requested,
+            obs.downgrade_acknowledged.as_deref(),
+        )
+        .err()?;
+        Some(Plan::Refuse(Refusal {
+            reason: "VersionRejected",
             message: format!(
-                "{change}; a StatefulSet's volume claim templates cannot change, so nothing is \
-                 written. Revert spec.storage"
+                "PVC {} holds data last run by etcd {data}: {}",
+                obs.names.pvc(*ordinal),
+                rejection.message()
             ),
-        });
-    }
-    // Data on the volumes, as last recorded: decisive when no member runs
-    // (a cluster recreated over kept volumes), a second check otherwise.
-    if let Some(requested) = &obs.requested_version {
-        for (ordinal, pvc) in &obs.pvcs {
-            if let Some(data) = &pvc.etcd_version
-                && let Err(rejection) = etcdfleet_api::version::decide_with(
-                    Some(data),
-                    requested,
-                    obs.downgrade_acknowledged.as_deref(),
-                )
-            {
-                return Some(Refusal {
-                    reason: "VersionRejected",
-                    message: format!(
-                        "PVC {} holds data last run by etcd {data}: {}",
-                        obs.names.pvc(*ordinal),
-                        rejection.message()
-                    ),
-                });
-            }
+        }))
+    })
+}
+
+/// Rule: the version the spec asks for, judged against the version each
+/// member reports running.
+pub(super) fn version_forbidden_by_members(obs: &Observation) -> Option<Plan> {
+    let requested = obs.requested_version.as_ref()?;
+    let EtcdObservation::Observed(health) = &obs.etcd else {
+        return None;
+    };
+    health.members().iter().find_map(|m| {
+        let running = m.status.as_ref().map(|s| s.version.as_str())?;
+        if running.is_empty() {
+            return None;
         }
-    }
-    if let (Some(requested), EtcdObservation::Observed(health)) =
-        (&obs.requested_version, &obs.etcd)
-    {
-        for m in health.members() {
-            if let Some(running) = m.status.as_ref().map(|s| s.version.as_str())
-                && !running.is_empty()
-                && let Err(rejection) = etcdfleet_api::version::decide_with(
-                    Some(running),
-                    requested,
-                    obs.downgrade_acknowledged.as_deref(),
-                )
-            {
-                return Some(Refusal {
-                    reason: "VersionRejected",
-                    message: format!(
-                        "member {:x} runs {running} (as etcd reports it): {}",
-                        m.member.id,
-                        rejection.message()
-                    ),
-                });
-            }
-        }
-    }
-    None
+        let rejection = etcdfleet_api::version::decide_with(
+            Some(running),
+            requested,
+            obs.downgrade_acknowledged.as_deref(),
+        )
+        .err()?;
+        Some(Plan::Refuse(Refusal {
+            reason: "VersionRejected",
+            message: format!(
+                "member {:x} runs {running} (as etcd reports it): {}",
+                m.member.id,
+                rejection.message()
+            ),
+        }))
+    })
 }
 
 #[cfg(test)]
@@ -186,9 +199,34 @@ mod tests {
     #[test]
     fn refusals_answer_only_when_something_forbids_acting() {
         let mut obs = converged(3, 3);
-        assert_eq!(refusals(&obs), None);
+        let refusals = [
+            objects_owned_elsewhere,
+            pki_lost,
+            storage_immutable,
+            version_forbidden_by_volumes,
+            version_forbidden_by_members,
+        ];
+        assert!(refusals.iter().all(|rule| rule(&obs).is_none()));
         obs.pki_lost = true;
-        assert!(matches!(refusals(&obs), Some(Plan::Refuse(r)) if r.reason == "PkiLost"));
+        assert!(matches!(pki_lost(&obs), Some(Plan::Refuse(r)) if r.reason == "PkiLost"));
+        obs.storage_change = Some("size 1Gi to 2Gi".into());
+        assert!(
+            matches!(storage_immutable(&obs), Some(Plan::Refuse(r)) if r.reason == "StorageImmutable")
+        );
+    }
+
+    #[test]
+    fn a_version_the_data_or_a_member_forbids_is_refused() {
+        let mut obs = converged(3, 3);
+        obs.requested_version = Some("3.4.23".into());
+        let refused = |plan: Option<Plan>| match plan {
+            Some(Plan::Refuse(r)) => r.reason == "VersionRejected",
+            _ => false,
+        };
+        assert!(refused(version_forbidden_by_volumes(&obs)));
+        assert!(refused(version_forbidden_by_members(&obs)));
+        obs.pvcs.values_mut().for_each(|p| p.etcd_version = None);
+        assert_eq!(version_forbidden_by_volumes(&obs), None);
     }
 
     #[test]

@@ -57,13 +57,24 @@ use Rule::{Members as M, Observation as O};
 
 /// The whole policy, most urgent first.
 pub const RULES: &[(&str, Rule)] = &[
-    // Refusals: acting would harm data or another owner (a workload object
-    // owned elsewhere, lost PKI, a storage change the StatefulSet cannot
-    // take, a version the members' reported version forbids).
+    // Refusals: acting would harm data or another owner, one rule each.
     // A lost CA Secret that a person asked to recover is rebuilt from the
     // members' trust instead of refused.
     ("CA rotation: recover a lost CA", O(ca_rotation::recover)),
-    ("refusals", O(guards::refusals)),
+    (
+        "objects owned elsewhere",
+        O(guards::objects_owned_elsewhere),
+    ),
+    ("lost PKI", O(guards::pki_lost)),
+    ("storage immutable", O(guards::storage_immutable)),
+    (
+        "a version the volumes' data forbids",
+        O(guards::version_forbidden_by_volumes),
+    ),
+    (
+        "a version the members forbid",
+        O(guards::version_forbidden_by_members),
+    ),
     ("restore gate", O(guards::restore_gate)),
     // Adoption of a running etcd: refused while a preflight check fails,
     // halted when its membership changes underneath the takeover.

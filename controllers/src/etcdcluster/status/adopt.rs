@@ -5,14 +5,15 @@
 
 use etcdfleet_api::adopt::{ADOPTED, AdoptedMember, AdoptionStatus, phase, reason};
 
-use super::super::plan::{AdoptionState, EtcdObservation, Observation, adoption_state};
-use super::Report;
+use super::super::plan::adopt::{AdoptionState, adoption_state};
+use super::super::plan::observation::{EtcdObservation, Observation};
+use super::Builder;
 use crate::etcd::ClusterHealth;
 
-impl Report {
+impl Builder {
     /// Records where the takeover stands. Returns the event to publish when
     /// its phase or refusal changed: `(warning, reason, note)`.
-    pub fn adoption(&mut self, obs: &Observation) -> Option<(bool, &'static str, String)> {
+    pub(super) fn adoption(&mut self, obs: &Observation) -> Option<(bool, &'static str, String)> {
         let state = adoption_state(obs)?;
         let before = self.adopted_reason();
         let (event_reason, _, message) = match &state {
@@ -50,7 +51,7 @@ impl Report {
 
     /// Records, before it is made, that old member `member_id` is removed:
     /// a member gone afterwards is known to be etcdfleet's doing.
-    pub fn record_retirement(&mut self, member_id: u64) {
+    pub(super) fn record_retirement(&mut self, member_id: u64) {
         if let Some(a) = self.new.adoption.as_mut() {
             let id = format!("{member_id:x}");
             if !a.retired.contains(&id) {

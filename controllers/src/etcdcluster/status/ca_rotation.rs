@@ -4,14 +4,14 @@
 
 use etcdfleet_api::ca_rotation::{CA_ROTATING, CaRotationStatus, phase, roll_stamp};
 
-use super::super::now;
-use super::super::plan::Step;
-use super::Report;
+use super::super::context::now;
+use super::super::plan::step::Step;
+use super::Builder;
 
-impl Report {
+impl Builder {
     /// Records the phase a rotation step moved the rotation to (nothing for
     /// other steps).
-    pub fn ca_rotation_moved(&mut self, step: &Step) {
+    pub(super) fn ca_rotation_moved(&mut self, step: &Step) {
         let Some(to) = phase_after(step) else {
             return;
         };
