@@ -4,7 +4,6 @@
 //! objects first, then the `EtcdBackup`), and reports last success, last
 //! failure and next run. One step per reconcile.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,61 +105,118 @@ fn record_time(b: &EtcdBackup) -> Timestamp {
         .unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
-/// One reconcile of one EtcdBackupSchedule.
+/// One reconcile of one EtcdBackupSchedule: resolve, observe, plan, act
+/// (at most one step), report.
 pub async fn reconcile_schedule(
     schedule: &EtcdBackupSchedule,
     ctx: &Context,
 ) -> Result<ScheduleOutcome> {
-    let ns = schedule.namespace().unwrap_or_default();
-    let name = schedule.name_any();
-    let mgmt = &ctx.access().management;
     let now = ctx.now();
     let old = schedule.status.clone().unwrap_or_default();
-    let mut status = old.clone();
-    status.observed_generation = schedule.meta().generation;
+    let resolved = match resolve(schedule, ctx).await? {
+        Resolution::NotOurs => {
+            let why = "not owned by this controller".to_string();
+            return Ok(ScheduleOutcome::Invalid(why));
+        }
+        Resolution::Invalid(e) => return report_invalid(schedule, ctx, &old, &e, now).await,
+        Resolution::Resolved(resolved) => resolved,
+    };
+    let observed = observe(schedule, ctx, &resolved, &old, now).await?;
+    let plan = plan_schedule(&observed.observation);
+    let outcome = act(schedule, ctx, &plan, &resolved, &observed, now).await?;
+    let status = report(schedule, &old, &plan, &resolved, &observed, now);
+    write(ctx, schedule, &old, &status).await?;
+    Ok(outcome)
+}
 
-    // resolve: the schedule's fields, else the cluster's `spec.backup`.
-    let cluster = Api::<EtcdCluster>::namespaced(mgmt.clone(), &ns)
+/// A schedule as resolved: its own fields, else its cluster's `spec.backup`.
+struct Resolved {
+    /// The schedule as written (cron text or macro).
+    text: String,
+    cron: CronSchedule,
+    retention: Retention,
+    destination: ObjectStoreDestination,
+}
+
+/// What resolving a schedule found.
+enum Resolution {
+    /// Its cluster is another controller's.
+    NotOurs,
+    /// Neither the schedule nor its cluster's `spec.backup` makes it whole.
+    Invalid(BackupConfigError),
+    Resolved(Box<Resolved>),
+}
+
+/// Resolve: the schedule's fields, else its cluster's `spec.backup`.
+async fn resolve(schedule: &EtcdBackupSchedule, ctx: &Context) -> Result<Resolution> {
+    let ns = schedule.namespace().unwrap_or_default();
+    let cluster = Api::<EtcdCluster>::namespaced(ctx.access().management.clone(), &ns)
         .get_opt(&schedule.spec.cluster_name)
         .await
         .map_err(Error::ManagementApi)?;
-    if let Some(c) = &cluster
-        && !ctx.access().owns(c)
-    {
-        return Ok(ScheduleOutcome::Invalid(
-            "not owned by this controller".into(),
-        ));
+    if cluster.as_ref().is_some_and(|c| !ctx.access().owns(c)) {
+        return Ok(Resolution::NotOurs);
     }
     let defaults = cluster.as_ref().and_then(|c| c.spec.config.backup.as_ref());
-    let (text, cron, retention, destination) = match resolve_schedule(schedule, defaults) {
-        Ok(r) => r,
-        Err(e) => {
-            let reason = match e {
-                BackupConfigError::NoSchedule => "NoSchedule",
-                BackupConfigError::NoDestination => "NoDestination",
-                _ => "InvalidSchedule",
-            };
-            set_condition(
-                &mut status.conditions,
-                conds::condition(
-                    condition::SCHEDULED,
-                    false,
-                    reason,
-                    e.to_string(),
-                    schedule.meta().generation,
-                    Time(now),
-                ),
-            );
-            status.next_run_time = None;
-            write(ctx, schedule, &old, &status).await?;
-            return Ok(ScheduleOutcome::Invalid(e.to_string()));
-        }
-    };
-    status.schedule = Some(text.clone());
+    Ok(match resolve_schedule(schedule, defaults) {
+        Ok(resolved) => Resolution::Resolved(Box::new(resolved)),
+        Err(e) => Resolution::Invalid(e),
+    })
+}
 
-    // observe: this schedule's backups.
-    let api: Api<EtcdBackup> = Api::namespaced(mgmt.clone(), &ns);
-    let backups = scheduled_backups(&api, &name).await?;
+/// Report a schedule that does not resolve: `Scheduled=False` with why,
+/// no next run.
+async fn report_invalid(
+    schedule: &EtcdBackupSchedule,
+    ctx: &Context,
+    old: &EtcdBackupScheduleStatus,
+    e: &BackupConfigError,
+    now: Timestamp,
+) -> Result<ScheduleOutcome> {
+    let reason = match e {
+        BackupConfigError::NoSchedule => "NoSchedule",
+        BackupConfigError::NoDestination => "NoDestination",
+        _ => "InvalidSchedule",
+    };
+    let mut status = EtcdBackupScheduleStatus {
+        observed_generation: schedule.meta().generation,
+        ..old.clone()
+    };
+    set_condition(
+        &mut status.conditions,
+        conds::condition(
+            condition::SCHEDULED,
+            false,
+            reason,
+            e.to_string(),
+            schedule.meta().generation,
+            Time(now),
+        ),
+    );
+    status.next_run_time = None;
+    write(ctx, schedule, old, &status).await?;
+    Ok(ScheduleOutcome::Invalid(e.to_string()))
+}
+
+/// What one schedule reconcile observed.
+struct Observed {
+    /// This schedule's backups, oldest first.
+    backups: Vec<EtcdBackup>,
+    /// What the planner decides from.
+    observation: ScheduleObservation,
+}
+
+/// Observe: this schedule's backups, the run due now, the active backup,
+/// and what retention removes.
+async fn observe(
+    schedule: &EtcdBackupSchedule,
+    ctx: &Context,
+    resolved: &Resolved,
+    old: &EtcdBackupScheduleStatus,
+    now: Timestamp,
+) -> Result<Observed> {
+    let api = backups_api(ctx, schedule);
+    let backups = scheduled_backups(&api, &schedule.name_any()).await?;
     let records: Vec<BackupRecord> = backups
         .iter()
         .map(|b| BackupRecord {
@@ -169,67 +225,94 @@ pub async fn reconcile_schedule(
             phase: b.status.as_ref().and_then(|s| s.phase.clone()),
         })
         .collect();
-    let by_name: BTreeMap<String, &EtcdBackup> =
-        backups.iter().map(|b| (b.name_any(), b)).collect();
-    record_last_outcomes(&backups, &mut status);
     let since = old
         .last_schedule_time
         .as_ref()
         .map(|t| t.0)
         .or_else(|| schedule.meta().creation_timestamp.as_ref().map(|t| t.0))
         .unwrap_or(now);
+    let finished = |r: &&BackupRecord| {
+        matches!(
+            r.phase.as_deref(),
+            Some(phase::SUCCEEDED) | Some(phase::FAILED)
+        )
+    };
     let observation = ScheduleObservation {
-        due: due_run(&cron, since, now),
+        due: due_run(&resolved.cron, since, now),
         suspended: schedule.spec.suspend == Some(true),
         active: records
             .iter()
-            .find(|r| {
-                !matches!(
-                    r.phase.as_deref(),
-                    Some(phase::SUCCEEDED) | Some(phase::FAILED)
-                )
-            })
+            .find(|r| !finished(r))
             .map(|r| r.name.clone()),
-        prune: select_for_pruning(&records, retention, now),
+        prune: select_for_pruning(&records, resolved.retention, now),
     };
+    Ok(Observed {
+        backups,
+        observation,
+    })
+}
 
-    // plan → act
-    let outcome = match plan_schedule(&observation) {
+/// Act: the one step the plan chose.
+async fn act(
+    schedule: &EtcdBackupSchedule,
+    ctx: &Context,
+    plan: &SchedulePlan,
+    resolved: &Resolved,
+    observed: &Observed,
+    now: Timestamp,
+) -> Result<ScheduleOutcome> {
+    Ok(match plan {
         SchedulePlan::Create(at) => {
-            let backup_name = create_backup(&api, schedule, &ns, at, &destination).await?;
-            status.last_schedule_time = Some(Time(at));
-            ScheduleOutcome::Created(backup_name)
+            let api = backups_api(ctx, schedule);
+            let created = create_backup(&api, schedule, *at, &resolved.destination).await?;
+            ScheduleOutcome::Created(created)
         }
         SchedulePlan::Prune(victim) => {
-            if let Some(b) = by_name.get(&victim) {
+            let ns = schedule.namespace().unwrap_or_default();
+            if let Some(b) = observed.backups.iter().find(|b| b.name_any() == *victim) {
                 prune(ctx, &ns, b).await?;
             }
-            ScheduleOutcome::Pruned(victim)
+            ScheduleOutcome::Pruned(victim.clone())
         }
         SchedulePlan::Idle => ScheduleOutcome::Idle {
-            next_run: next_run(&cron, now),
+            next_run: next_run(&resolved.cron, now),
         },
-    };
+    })
+}
 
-    // report
-    report_scheduled(
-        schedule,
-        &mut status,
-        &cron,
-        &text,
-        &observation,
-        records.len(),
-        now,
-    );
-    write(ctx, schedule, &old, &status).await?;
-    Ok(outcome)
+/// Report: the schedule's status after the step the plan chose was taken.
+fn report(
+    schedule: &EtcdBackupSchedule,
+    old: &EtcdBackupScheduleStatus,
+    plan: &SchedulePlan,
+    resolved: &Resolved,
+    observed: &Observed,
+    now: Timestamp,
+) -> EtcdBackupScheduleStatus {
+    let mut status = EtcdBackupScheduleStatus {
+        observed_generation: schedule.meta().generation,
+        schedule: Some(resolved.text.clone()),
+        ..old.clone()
+    };
+    record_last_outcomes(&observed.backups, &mut status);
+    if let SchedulePlan::Create(at) = plan {
+        status.last_schedule_time = Some(Time(*at));
+    }
+    report_scheduled(schedule, &mut status, resolved, observed, now);
+    status
+}
+
+/// The EtcdBackups of the schedule's namespace.
+fn backups_api(ctx: &Context, schedule: &EtcdBackupSchedule) -> Api<EtcdBackup> {
+    let ns = schedule.namespace().unwrap_or_default();
+    Api::namespaced(ctx.access().management.clone(), &ns)
 }
 
 /// The schedule's fields, else the cluster's `spec.backup`.
 fn resolve_schedule(
     schedule: &EtcdBackupSchedule,
     defaults: Option<&BackupSpec>,
-) -> Result<(String, CronSchedule, Retention, ObjectStoreDestination), BackupConfigError> {
+) -> Result<Resolved, BackupConfigError> {
     let text = schedule
         .spec
         .schedule
@@ -239,7 +322,12 @@ fn resolve_schedule(
     let cron = parse_schedule(&text)?;
     let retention = Retention::resolve(schedule.spec.retention.as_ref(), defaults)?;
     let destination = resolve_destination(schedule.spec.destination.as_ref(), defaults)?;
-    Ok((text, cron, retention, destination))
+    Ok(Resolved {
+        text,
+        cron,
+        retention,
+        destination,
+    })
 }
 
 /// This schedule's backups, oldest first.
@@ -288,17 +376,16 @@ fn record_last_outcomes(backups: &[EtcdBackup], status: &mut EtcdBackupScheduleS
 async fn create_backup(
     api: &Api<EtcdBackup>,
     schedule: &EtcdBackupSchedule,
-    ns: &str,
     at: Timestamp,
     destination: &ObjectStoreDestination,
 ) -> Result<String> {
     let name = schedule.name_any();
-    let ns = ns.to_string();
+    let ns = schedule.namespace().unwrap_or_default();
     let backup_name = scheduled_backup_name(&name, at);
     let backup = EtcdBackup {
         metadata: ObjectMeta {
             name: Some(backup_name.clone()),
-            namespace: Some(ns.clone()),
+            namespace: Some(ns),
             labels: Some(
                 [
                     (SCHEDULE_LABEL.to_string(), name.clone()),
@@ -333,23 +420,23 @@ async fn create_backup(
 fn report_scheduled(
     schedule: &EtcdBackupSchedule,
     status: &mut EtcdBackupScheduleStatus,
-    cron: &CronSchedule,
-    text: &str,
-    observation: &ScheduleObservation,
-    kept: usize,
+    resolved: &Resolved,
+    observed: &Observed,
     now: Timestamp,
 ) {
+    let (observation, kept) = (&observed.observation, observed.backups.len());
     let after = status
         .last_schedule_time
         .as_ref()
         .map(|t| t.0.max(now))
         .unwrap_or(now);
-    status.next_run_time = next_run(cron, after).map(Time);
+    status.next_run_time = next_run(&resolved.cron, after).map(Time);
     let message = if observation.suspended {
         "suspended: no new backups; retention still prunes".to_string()
     } else {
         format!(
-            "{text}; {} backups kept",
+            "{}; {} backups kept",
+            resolved.text,
             kept - observation.prune.len().min(kept)
         )
     };

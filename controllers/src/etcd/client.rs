@@ -1,13 +1,14 @@
 //! The etcd client layer: every call carries a deadline, retries only what
 //! etcd documents as "try again later" (strict reconfiguration check, learner
-//! not yet in sync, elections), and returns an [`EtcdError`].
+//! not yet in sync, elections), and returns an [`EtcdError`]; how, is in
+//! [`super::call`].
 //!
 //! `etcd_client::Client::connect` is lazy (it succeeds against a closed port),
 //! so nothing here treats a successful connect as a sign of life: health and
 //! reachability always come from an RPC answered within a deadline.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
@@ -16,12 +17,12 @@ use etcd_client::{
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tracing::Instrument;
 
+use super::call::{LostAnswer, Retry, with_deadline};
 use super::error::EtcdError;
 use super::health::{ClusterHealth, MemberObservation};
 use super::member::{Alarm, AlarmKind, Member, MemberStatus};
-use super::transport::{EtcdConfig, TlsConfig, tls_config};
+use super::transport::{Deadlines, EtcdConfig, TlsConfig, tls_config};
 
 pub type Result<T, E = EtcdError> = std::result::Result<T, E>;
 
@@ -47,67 +48,8 @@ pub struct SnapshotInfo {
     pub etcd_digest_verified: bool,
 }
 
-pub(super) async fn with_deadline<T>(
-    op: &'static str,
-    after: Duration,
-    member_id: Option<u64>,
-    fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-) -> Result<T> {
-    // Every etcd call goes through here: one trace span per call.
-    let span = tracing::info_span!(
-        "etcd",
-        otel.name = op,
-        otel.kind = "client",
-        etcd.op = op,
-        outcome = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty
-    );
-    let result = match tokio::time::timeout(after, fut)
-        .instrument(span.clone())
-        .await
-    {
-        Err(_) => Err(EtcdError::Timeout { op, after }),
-        Ok(Err(e)) => Err(EtcdError::from_client(e, member_id)),
-        Ok(Ok(v)) => Ok(v),
-    };
-    match &result {
-        Ok(_) => span.record("outcome", "ok"),
-        Err(e) => span
-            .record("outcome", e.reason())
-            .record("otel.status_code", "ERROR"),
-    };
-    result
-}
-
-/// Runs `attempt` until it succeeds, fails with an error `retry` rejects, or
-/// `total` has passed (then the last error is returned). Backoff doubles from
-/// 100 ms up to 2 s.
-pub(super) async fn retry_until<T, F, Fut>(
-    total: Duration,
-    retry: impl Fn(&EtcdError) -> bool,
-    mut attempt: F,
-) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T>>,
-{
-    let started = Instant::now();
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match attempt().await {
-            Ok(v) => return Ok(v),
-            Err(e) if retry(&e) && started.elapsed() + backoff < total => {
-                tracing::debug!(error = %e, ?backoff, "etcd call refused, retrying");
-                tokio::time::sleep(backoff).await;
-                // etcd's refusals here last a known few seconds (a member
-                // started less than 5 s ago does not count as connected):
-                // asking again every half second ends the wait within 0.5 s
-                // of it, at the cost of a refused call.
-                backoff = backoff.mul_f64(1.5).min(Duration::from_millis(500));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+fn members(list: &[etcd_client::Member]) -> Vec<Member> {
+    list.iter().map(Member::from).collect()
 }
 
 /// One lazy client per endpoint, each over its own channel (see
@@ -163,14 +105,6 @@ fn same_urls(a: &[String], b: &[String]) -> bool {
     a.sort();
     b.sort();
     a == b
-}
-
-fn note_timeout(e: &EtcdError, timed_out: &AtomicBool) {
-    // A lost answer, not only a slow one: a member being removed may cut the
-    // connection that carried its own removal after committing it.
-    if matches!(e, EtcdError::Timeout { .. } | EtcdError::Unreachable(_)) {
-        timed_out.store(true, Ordering::Relaxed);
-    }
 }
 
 /// A client for the whole cluster, balanced over all given client URLs:
@@ -302,30 +236,67 @@ impl ClusterClient {
         self.client()
     }
 
+    /// The shape of every cluster-wide call: `call` on the client calls go
+    /// to now, within the request deadline; a failure is noted (so the next
+    /// attempt goes to the next member) and asked again as `retry` says.
+    /// `op` names the call in its trace span and its timeout, `member_id`
+    /// the member it is about.
+    pub(super) async fn ask<T, F, Fut>(
+        &self,
+        op: &'static str,
+        member_id: Option<u64>,
+        retry: Retry,
+        call: F,
+    ) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let attempt = || self.ask_once(op, member_id, &call);
+        retry.run(&self.config.deadlines, attempt).await
+    }
+
+    async fn ask_once<T, F, Fut>(&self, op: &'static str, id: Option<u64>, call: &F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let request = self.config.deadlines.request;
+        let answer = with_deadline(op, request, id, call(self.client())).await;
+        answer.inspect_err(|e| self.note(e))
+    }
+
+    /// A membership change about `member_id`, asked as [`ask`](Self::ask)
+    /// does, answered with the member list after it. Once an attempt's
+    /// answer was lost, a later refusal `made_already` recognises means the
+    /// lost attempt made the change: the member list is read instead.
+    async fn change<F, Fut>(
+        &self,
+        op: &'static str,
+        member_id: u64,
+        retry: Retry,
+        made_already: fn(&EtcdError) -> bool,
+        call: F,
+    ) -> Result<Vec<Member>>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<Vec<Member>, etcd_client::Error>>,
+    {
+        let lost = LostAnswer::default();
+        let attempt = || async {
+            let answer = self.ask_once(op, Some(member_id), &call).await;
+            answer.inspect_err(|e| lost.note(e))
+        };
+        match retry.run(&self.config.deadlines, attempt).await {
+            Err(e) if made_already(&e) && lost.happened() => self.list_members().await,
+            other => other,
+        }
+    }
+
     pub async fn list_members(&self) -> Result<Vec<Member>> {
-        // A read: a timed-out endpoint is retried on the next one.
-        retry_until(
-            self.config.deadlines.request * 2,
-            |e| {
-                matches!(
-                    e,
-                    EtcdError::Unreachable(_) | EtcdError::NoLeader(_) | EtcdError::Timeout { .. }
-                )
-            },
-            || async {
-                let mut c = self.client();
-                let resp = with_deadline(
-                    "member list",
-                    self.config.deadlines.request,
-                    None,
-                    c.member_list(),
-                )
-                .await
-                .inspect_err(|e| self.note(e))?;
-                Ok(resp.members().iter().map(Member::from).collect())
-            },
-        )
-        .await
+        let list = |mut c: Client| async move { c.member_list().await };
+        let resp = self.ask("member list", None, Retry::READ, list).await?;
+        Ok(members(resp.members()))
     }
 
     /// Adds a learner with `peer_urls`. Retries etcd's "unhealthy cluster"
@@ -333,53 +304,30 @@ impl ClusterClient {
     /// learner with exactly these peer URLs already exists (a previous attempt
     /// succeeded but its answer was lost), that learner is returned.
     pub async fn add_learner(&self, peer_urls: &[String]) -> Result<AddedMember> {
-        let result = retry_until(
-            self.config.deadlines.reconfigure,
-            |e| {
-                matches!(
-                    e,
-                    EtcdError::UnhealthyCluster(_)
-                        | EtcdError::NoLeader(_)
-                        | EtcdError::Unreachable(_)
-                        | EtcdError::Timeout { .. }
-                )
-            },
-            || async {
-                let mut c = self.client();
-                let resp = with_deadline(
-                    "member add",
-                    self.config.deadlines.request,
-                    None,
-                    c.member_add(peer_urls, Some(MemberAddOptions::new().with_is_learner())),
-                )
-                .await
-                .inspect_err(|e| self.note(e))?;
-                let member = resp.member().ok_or_else(|| EtcdError::Rpc {
-                    code: "Internal".into(),
-                    message: "member add answered without the new member".into(),
-                })?;
-                Ok(AddedMember {
-                    id: member.id(),
-                    members: resp.member_list().iter().map(Member::from).collect(),
-                })
-            },
-        )
-        .await;
-        match result {
-            Err(EtcdError::MemberExists(message)) => {
-                let members = self.list_members().await?;
-                match members
-                    .iter()
-                    .find(|m| m.is_learner && same_urls(&m.peer_urls, peer_urls))
-                {
-                    Some(existing) => Ok(AddedMember {
-                        id: existing.id,
-                        members,
-                    }),
-                    None => Err(EtcdError::MemberExists(message)),
-                }
-            }
-            other => other,
+        let learner = || Some(MemberAddOptions::new().with_is_learner());
+        let add = |mut c: Client| async move { c.member_add(peer_urls, learner()).await };
+        let added = self.ask("member add", None, Retry::MEMBERSHIP, add).await;
+        let added = added.and_then(|resp| {
+            let member = resp.member().ok_or_else(|| EtcdError::Rpc {
+                code: "Internal".into(),
+                message: "member add answered without the new member".into(),
+            })?;
+            let (id, members) = (member.id(), members(resp.member_list()));
+            Ok(AddedMember { id, members })
+        });
+        let Err(EtcdError::MemberExists(message)) = added else {
+            return added;
+        };
+        let members = self.list_members().await?;
+        let existing = members
+            .iter()
+            .find(|m| m.is_learner && same_urls(&m.peer_urls, peer_urls));
+        match existing {
+            Some(existing) => Ok(AddedMember {
+                id: existing.id,
+                members,
+            }),
+            None => Err(EtcdError::MemberExists(message)),
         }
     }
 
@@ -389,40 +337,14 @@ impl ClusterClient {
     /// "not a learner" after a timed-out attempt means that attempt promoted
     /// it. Returns the member list after the promotion.
     pub async fn promote_learner(&self, member_id: u64) -> Result<Vec<Member>> {
-        let timed_out = AtomicBool::new(false);
-        let result = retry_until(
-            self.config.deadlines.promote,
-            |e| {
-                matches!(
-                    e,
-                    EtcdError::NotInSync { .. }
-                        | EtcdError::UnhealthyCluster(_)
-                        | EtcdError::NoLeader(_)
-                        | EtcdError::Unreachable(_)
-                        | EtcdError::Timeout { .. }
-                )
-            },
-            || async {
-                let mut c = self.client();
-                let resp = with_deadline(
-                    "member promote",
-                    self.config.deadlines.request,
-                    Some(member_id),
-                    c.member_promote(member_id),
-                )
-                .await
-                .inspect_err(|e| self.note(e))
-                .inspect_err(|e| note_timeout(e, &timed_out))?;
-                Ok(resp.members().iter().map(Member::from).collect())
-            },
-        )
-        .await;
-        match result {
-            Err(EtcdError::NotALearner { .. }) if timed_out.load(Ordering::Relaxed) => {
-                self.list_members().await
-            }
-            other => other,
-        }
+        let promote = |mut c: Client| async move {
+            let resp = c.member_promote(member_id).await;
+            resp.map(|r| members(r.members()))
+        };
+        let promoted = |e: &EtcdError| matches!(e, EtcdError::NotALearner { .. });
+        let retry = Retry::PROMOTE;
+        self.change("member promote", member_id, retry, promoted, promote)
+            .await
     }
 
     /// Removes `member_id`. Retries etcd's transient refusals (a member that
@@ -433,39 +355,14 @@ impl ClusterClient {
     /// is success. It does not judge safety: ask [`ClusterHealth::can_remove`]
     /// first.
     pub async fn remove_member(&self, member_id: u64) -> Result<Vec<Member>> {
-        let timed_out = AtomicBool::new(false);
-        let result = retry_until(
-            self.config.deadlines.reconfigure,
-            |e| {
-                matches!(
-                    e,
-                    EtcdError::UnhealthyCluster(_)
-                        | EtcdError::NoLeader(_)
-                        | EtcdError::Unreachable(_)
-                        | EtcdError::Timeout { .. }
-                )
-            },
-            || async {
-                let mut c = self.client();
-                let resp = with_deadline(
-                    "member remove",
-                    self.config.deadlines.request,
-                    Some(member_id),
-                    c.member_remove(member_id),
-                )
-                .await
-                .inspect_err(|e| self.note(e))
-                .inspect_err(|e| note_timeout(e, &timed_out))?;
-                Ok(resp.members().iter().map(Member::from).collect())
-            },
-        )
-        .await;
-        match result {
-            Err(EtcdError::MemberNotFound { .. }) if timed_out.load(Ordering::Relaxed) => {
-                self.list_members().await
-            }
-            other => other,
-        }
+        let remove = |mut c: Client| async move {
+            let resp = c.member_remove(member_id).await;
+            resp.map(|r| members(r.members()))
+        };
+        let removed = |e: &EtcdError| matches!(e, EtcdError::MemberNotFound { .. });
+        let retry = Retry::MEMBERSHIP;
+        self.change("member remove", member_id, retry, removed, remove)
+            .await
     }
 
     /// Asks every configured endpoint for its status and returns the client
@@ -493,38 +390,22 @@ impl ClusterClient {
     /// Moves leadership to `target_id`, sending the request to the current
     /// leader as etcd requires. Does nothing if `target_id` already leads.
     pub async fn move_leader(&self, target_id: u64) -> Result<()> {
-        retry_until(
-            self.config.deadlines.reconfigure,
-            |e| matches!(e, EtcdError::NoLeader(_) | EtcdError::Unreachable(_)),
-            || async {
+        Retry::LEADER
+            .run(&self.config.deadlines, || async {
                 let (leader, status) = self.leader().await?;
                 if status.member_id == target_id {
                     return Ok(());
                 }
                 leader.move_leader(target_id).await
-            },
-        )
-        .await
+            })
+            .await
     }
 
     /// Alarms raised anywhere in the cluster.
     pub async fn alarms(&self) -> Result<Vec<Alarm>> {
-        let resp = retry_until(
-            self.config.deadlines.request * 2,
-            |e| matches!(e, EtcdError::Unreachable(_)),
-            || async {
-                let mut c = self.client();
-                with_deadline(
-                    "alarm list",
-                    self.config.deadlines.request,
-                    None,
-                    c.alarm(AlarmAction::Get, AlarmType::None, None),
-                )
-                .await
-                .inspect_err(|e| self.note(e))
-            },
-        )
-        .await?;
+        let list =
+            |mut c: Client| async move { c.alarm(AlarmAction::Get, AlarmType::None, None).await };
+        let resp = self.ask("alarm list", None, Retry::ALARMS, list).await?;
         Ok(resp
             .alarms()
             .iter()
@@ -545,32 +426,19 @@ impl ClusterClient {
     /// Compacts the keyspace history up to the current revision and returns
     /// that revision. Compacting an already compacted revision is not an error.
     pub async fn compact_to_current(&self) -> Result<i64> {
-        let mut c = self.client();
         // Serializable reads and compaction are allowed under a NOSPACE alarm.
-        let resp = with_deadline(
-            "read revision",
-            self.config.deadlines.request,
-            None,
-            c.get("\0", Some(GetOptions::new().with_keys_only().with_limit(1))),
-        )
-        .await
-        .inspect_err(|e| self.note(e))?;
+        let read = |mut c: Client| async move {
+            c.get("\0", Some(GetOptions::new().with_keys_only().with_limit(1)))
+                .await
+        };
+        let resp = self.ask("read revision", None, Retry::ONCE, read).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         if revision <= 1 {
             return Ok(revision);
         }
-        let result = with_deadline(
-            "compact",
-            self.config.deadlines.request,
-            None,
-            c.compact(
-                revision,
-                Some(etcd_client::CompactionOptions::new().with_physical()),
-            ),
-        )
-        .await
-        .inspect_err(|e| self.note(e));
-        match result {
+        let physical = || Some(etcd_client::CompactionOptions::new().with_physical());
+        let compact = |mut c: Client| async move { c.compact(revision, physical()).await };
+        match self.ask("compact", None, Retry::ONCE, compact).await {
             Ok(_) => Ok(revision),
             Err(EtcdError::Rpc { message, .. }) if message.contains("compacted") => Ok(revision),
             Err(e) => Err(e),
@@ -580,21 +448,18 @@ impl ClusterClient {
     /// Disarms one alarm (after its cause was dealt with: for NOSPACE,
     /// compact and defragment first).
     pub async fn disarm_alarm(&self, alarm: Alarm) -> Result<()> {
-        let mut options = AlarmOptions::new();
-        options.with_member(alarm.member_id);
         let kind = match alarm.kind {
             AlarmKind::NoSpace => AlarmType::Nospace,
             AlarmKind::Corrupt => AlarmType::Corrupt,
         };
-        let mut c = self.client();
-        with_deadline(
-            "alarm disarm",
-            self.config.deadlines.request,
-            Some(alarm.member_id),
-            c.alarm(AlarmAction::Deactivate, kind, Some(options)),
-        )
-        .await
-        .inspect_err(|e| self.note(e))?;
+        let disarm = |mut c: Client| async move {
+            let mut options = AlarmOptions::new();
+            options.with_member(alarm.member_id);
+            c.alarm(AlarmAction::Deactivate, kind, Some(options)).await
+        };
+        let member = Some(alarm.member_id);
+        self.ask("alarm disarm", member, Retry::ONCE, disarm)
+            .await?;
         Ok(())
     }
 
@@ -704,9 +569,39 @@ impl MemberClient {
         &self.endpoint
     }
 
+    /// One RPC on this member within its deadline (`within` picks it), as
+    /// [`ClusterClient::ask`] but without a retry: this client has no other
+    /// member to ask.
+    async fn ask<T, Fut>(
+        &self,
+        op: &'static str,
+        within: fn(&Deadlines) -> Duration,
+        member_id: Option<u64>,
+        call: impl FnOnce(Client) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = within(&self.config.deadlines);
+        with_deadline(op, deadline, member_id, call(self.client.clone())).await
+    }
+
+    /// A linearizable read within the health deadline: it goes through raft,
+    /// so the member is connected to a quorum with a leader. "Permission
+    /// denied" went through raft too (`None`: no answer to read).
+    async fn quorum_read(&self, op: &'static str) -> Result<Option<etcd_client::GetResponse>> {
+        let count_only = || Some(GetOptions::new().with_count_only());
+        let read = |mut c: Client| async move { c.get("health", count_only()).await };
+        match self.ask(op, |d| d.health, None, read).await {
+            Ok(r) => Ok(Some(r)),
+            Err(EtcdError::Rpc { code, .. }) if code == "PermissionDenied" => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     pub async fn status(&self) -> Result<MemberStatus> {
-        let mut c = self.client.clone();
-        let resp = with_deadline("status", self.config.deadlines.request, None, c.status()).await?;
+        let status = |mut c: Client| async move { c.status().await };
+        let resp = self.ask("status", |d| d.request, None, status).await?;
         Ok(MemberStatus {
             member_id: resp.header().map(|h| h.member_id()).unwrap_or_default(),
             cluster_id: resp.header().map(|h| h.cluster_id()).unwrap_or_default(),
@@ -730,8 +625,8 @@ impl MemberClient {
     /// The store revision this member has applied (from the header of its
     /// `Status` answer): a snapshot started after this holds at least it.
     pub async fn revision(&self) -> Result<i64> {
-        let mut c = self.client.clone();
-        let resp = with_deadline("status", self.config.deadlines.request, None, c.status()).await?;
+        let status = |mut c: Client| async move { c.status().await };
+        let resp = self.ask("status", |d| d.request, None, status).await?;
         Ok(resp.header().map(|h| h.revision()).unwrap_or_default())
     }
 
@@ -744,26 +639,10 @@ impl MemberClient {
     /// least that fresh. Both answers must come from the same member id, and
     /// that id must be in the list (a removed member is not).
     pub async fn fresh_members(&self) -> Result<(u64, Vec<Member>)> {
-        let mut c = self.client.clone();
-        let read = with_deadline(
-            "linearizable read",
-            self.config.deadlines.health,
-            None,
-            c.get("health", Some(GetOptions::new().with_count_only())),
-        )
-        .await;
-        let read_by = match read {
-            Ok(r) => r.header().map(|h| h.member_id()),
-            Err(EtcdError::Rpc { code, .. }) if code == "PermissionDenied" => None,
-            Err(e) => return Err(e),
-        };
-        let resp = with_deadline(
-            "member list",
-            self.config.deadlines.request,
-            None,
-            c.member_list(),
-        )
-        .await?;
+        let read = self.quorum_read("linearizable read").await?;
+        let read_by = read.and_then(|r| r.header().map(|h| h.member_id()));
+        let list = |mut c: Client| async move { c.member_list().await };
+        let resp = self.ask("member list", |d| d.request, None, list).await?;
         let listed_by = resp.header().map(|h| h.member_id()).unwrap_or_default();
         if read_by.is_some_and(|r| r != listed_by) {
             return Err(EtcdError::Unreachable(format!(
@@ -771,7 +650,7 @@ impl MemberClient {
                 self.endpoint
             )));
         }
-        let members: Vec<Member> = resp.members().iter().map(Member::from).collect();
+        let members = members(resp.members());
         if !members.iter().any(|m| m.id == listed_by) {
             return Err(EtcdError::Unreachable(format!(
                 "{}: member {listed_by:x} answered but is not in its own member list (removed)",
@@ -787,46 +666,26 @@ impl MemberClient {
     /// healthy: the read went through raft. Returns the read latency.
     pub async fn check_health(&self) -> Result<Duration> {
         let started = Instant::now();
-        let mut c = self.client.clone();
-        let read = with_deadline(
-            "health check",
-            self.config.deadlines.health,
-            None,
-            c.get("health", Some(GetOptions::new().with_count_only())),
-        )
-        .await;
-        match read {
-            Ok(_) => Ok(started.elapsed()),
-            Err(EtcdError::Rpc { code, .. }) if code == "PermissionDenied" => Ok(started.elapsed()),
-            Err(e) => Err(e),
-        }
+        self.quorum_read("health check").await?;
+        Ok(started.elapsed())
     }
 
     /// Defragments this member's backend. Blocks the member while it runs:
     /// do one member at a time, the leader last.
     pub async fn defragment(&self) -> Result<()> {
-        let mut c = self.client.clone();
-        with_deadline(
-            "defragment",
-            self.config.deadlines.defragment,
-            None,
-            c.defragment(),
-        )
-        .await?;
+        let defragment = |mut c: Client| async move { c.defragment().await };
+        self.ask("defragment", |d| d.defragment, None, defragment)
+            .await?;
         Ok(())
     }
 
     /// Transfers leadership to `target_id`. Must be sent to the leader; use
     /// [`ClusterClient::move_leader`] unless you know this member leads.
     pub async fn move_leader(&self, target_id: u64) -> Result<()> {
-        let mut c = self.client.clone();
-        with_deadline(
-            "move leader",
-            self.config.deadlines.request,
-            Some(target_id),
-            c.move_leader(target_id),
-        )
-        .await?;
+        let move_leader = |mut c: Client| async move { c.move_leader(target_id).await };
+        let about = Some(target_id);
+        self.ask("move leader", |d| d.request, about, move_leader)
+            .await?;
         Ok(())
     }
 
@@ -1016,36 +875,5 @@ mod tests {
                 .reason(),
             "TLSError"
         );
-    }
-
-    #[tokio::test]
-    async fn retry_gives_up_at_the_deadline_with_the_last_error() {
-        let mut attempts = 0;
-        let started = Instant::now();
-        let result: Result<()> = retry_until(
-            Duration::from_millis(450),
-            |e| e.is_transient(),
-            || {
-                attempts += 1;
-                async { Err(EtcdError::UnhealthyCluster("strict reconfig".into())) }
-            },
-        )
-        .await;
-        assert_eq!(result.unwrap_err().reason(), "UnhealthyCluster");
-        assert!(attempts >= 2, "retried {attempts} times");
-        assert!(started.elapsed() < Duration::from_millis(900));
-
-        let mut attempts = 0;
-        let result: Result<()> = retry_until(
-            Duration::from_secs(5),
-            |e| e.is_transient(),
-            || {
-                attempts += 1;
-                async { Err(EtcdError::TooManyLearners) }
-            },
-        )
-        .await;
-        assert_eq!(result.unwrap_err().reason(), "TooManyLearners");
-        assert_eq!(attempts, 1, "non-retryable errors are returned at once");
     }
 }

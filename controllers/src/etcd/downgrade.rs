@@ -11,9 +11,10 @@
 //! `cancel` before that raises the cluster version back to what the members
 //! run.
 
-use etcd_client::DowngradeOptions;
+use etcd_client::{Client, DowngradeOptions};
 
-use super::client::{ClusterClient, Result, retry_until, with_deadline};
+use super::call::Retry;
+use super::client::{ClusterClient, Result};
 use super::error::EtcdError;
 
 /// What etcd answered to a downgrade call that it accepted: the cluster
@@ -37,26 +38,12 @@ fn message_of(e: &EtcdError) -> &str {
 
 impl ClusterClient {
     async fn downgrade(&self, op: &'static str, options: DowngradeOptions) -> Result<String> {
-        retry_until(
-            self.config().deadlines.reconfigure,
-            |e| matches!(e, EtcdError::Unreachable(_) | EtcdError::NoLeader(_)),
-            || {
-                let options = options.clone();
-                async move {
-                    let mut c = self.client().maintenance_client();
-                    with_deadline(
-                        op,
-                        self.config().deadlines.request,
-                        None,
-                        c.downgrade(options),
-                    )
-                    .await
-                    .inspect_err(|e| self.note(e))
-                    .map(|r| r.version().to_string())
-                }
-            },
-        )
-        .await
+        let call = |c: Client| {
+            let options = options.clone();
+            async move { c.maintenance_client().downgrade(options).await }
+        };
+        let resp = self.ask(op, None, Retry::LEADER, call).await?;
+        Ok(resp.version().to_string())
     }
 
     /// `etcdctl downgrade validate <target>`: whether the cluster may go

@@ -1,7 +1,7 @@
 //! Everything the controller does to etcd itself: a client layer over
-//! etcd-client with deadlines, retries and typed errors ([`client`]), and the
-//! pure cluster-health view that decides which membership change is safe
-//! ([`health`]).
+//! etcd-client with deadlines, retries and typed errors ([`client`], each
+//! call made as [`call`] says), and the pure cluster-health view that
+//! decides which membership change is safe ([`health`]).
 //!
 //! Two kinds of client exist because etcd answers some calls for the member
 //! you are connected to (status, defragment, snapshot, health) and others for
@@ -9,6 +9,7 @@
 //! endpoint, [`ClusterClient`] balances over all of them. etcd's online
 //! downgrade API is in [`downgrade`].
 
+pub mod call;
 pub mod client;
 pub mod downgrade;
 pub mod error;

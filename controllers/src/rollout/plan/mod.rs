@@ -12,21 +12,25 @@
 //! or nothing (wait, halt, complete: the status says which).
 //!
 //! The policy is [`RULES`], most urgent first; the first rule that answers
-//! decides. Rooms: [`work`] (input, action, answer, the judged records),
-//! [`view`] (what the planner reads of a cluster, and the gates),
-//! [`records`] (each cluster's state), [`waves`], [`rules`], [`summary`]
+//! decides. Everything the rules read is judged once, before the first of
+//! them, into a [`Work`]; a rule only reads it, and the records a rule's
+//! answer changes travel in the answer (its marks). Rooms: [`work`] (input,
+//! action, answer, the judged records), [`view`] (what the planner reads of
+//! a cluster, and the gates), [`records`] (each cluster's state), [`waves`],
+//! [`turn`] (what the current wave would do next), [`rules`], [`summary`]
 //! (the status a person reads).
 
 pub mod records;
 pub mod rules;
 pub mod summary;
+pub mod turn;
 pub mod view;
 pub mod waves;
 pub mod work;
 
 use etcdfleet_api::EtcdFleetRolloutStatus;
 
-pub use records::Judge;
+pub use records::{Judge, Mark};
 pub use view::{ClusterView, ConditionView, FieldOwner, ReportedState, RolloutField};
 pub use waves::Wave;
 pub use work::{Action, Outcome, RolloutInput, Rule, Work, manager_of};
@@ -40,13 +44,13 @@ pub struct Decision {
     pub rule: &'static str,
 }
 
-/// The policy, most urgent first.
+/// The policy, most urgent first. Each rule reads the judged [`Work`]
+/// alone: a changed cluster of the current wave that stopped being healthy
+/// already failed when the records were judged (so `halted` answers for
+/// it), and the wave's version gate and its turn were judged then too.
 pub const RULES: &[(&str, Rule)] = &[
     ("invalid strategy", rules::invalid_strategy),
     ("complete stays complete", rules::stays_complete),
-    // Clusters the rollout changed in the current wave must stay healthy
-    // (this rule marks a failure and lets `halted` answer).
-    ("changed clusters stay healthy", rules::watch_health),
     ("aborted", rules::aborted),
     ("resume after a halt", rules::resume),
     ("halted", rules::halted),
@@ -54,9 +58,8 @@ pub const RULES: &[(&str, Rule)] = &[
     ("complete", rules::complete),
     ("paused", rules::paused),
     ("soaking", rules::soaking),
-    // Before a wave's first write: the version policy for every cluster
-    // in it, so a refused cluster halts the rollout before the wave
-    // touches any other.
+    // Before a wave's first write: a refused cluster halts the rollout
+    // before the wave touches any other.
     ("version gate of the wave", rules::wave_gate),
     ("maintenance window", rules::window),
     ("clusters in flight", rules::in_flight),
@@ -65,15 +68,11 @@ pub const RULES: &[(&str, Rule)] = &[
 
 /// Decides what the rollout does next. Pure.
 pub fn plan_rollout(input: &RolloutInput) -> Decision {
-    let mut work = Work::new(input);
-    let mut answer = None;
-    for (name, rule) in RULES {
-        if let Some(outcome) = rule(&mut work) {
-            answer = Some((*name, outcome));
-            break;
-        }
-    }
-    let (rule, outcome) = answer.unwrap_or_else(|| ("waiting", rules::waiting(&work)));
+    let work = Work::new(input);
+    let (rule, outcome) = RULES
+        .iter()
+        .find_map(|(name, rule)| rule(&work).map(|outcome| (*name, outcome)))
+        .unwrap_or_else(|| ("waiting", rules::waiting(&work)));
     let status = summary::status(&work, &outcome);
     Decision {
         status,

@@ -14,6 +14,7 @@
 //! fields with the rollout's values, so the cluster was written (and is
 //! never written twice).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcdfleet_api::rollout::cluster_state::{DONE, FAILED, IN_PROGRESS, PENDING, SKIPPED};
@@ -33,6 +34,53 @@ pub fn set(rec: &mut ClusterRolloutStatus, state: &str, reason: &str, message: i
     rec.state = state.to_string();
     rec.reason = Some(reason.to_string());
     rec.message = Some(message.into());
+}
+
+/// A change a rule's answer makes to one record. The rules only read the
+/// judged records; the marks of the rule that answered are written into the
+/// status (a rule that does not answer changes nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// The record's index among the judged records.
+    pub record: usize,
+    pub state: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+    /// The rollout takes the cluster now (writes it, or follows a change
+    /// its spec already asks for): when, and the version it runs.
+    pub taken: Option<(Timestamp, Option<String>)>,
+}
+
+impl Mark {
+    pub fn new(
+        record: usize,
+        state: &'static str,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Mark {
+            record,
+            state,
+            reason,
+            message: message.into(),
+            taken: None,
+        }
+    }
+
+    pub fn taken(mut self, at: Timestamp, from_version: Option<String>) -> Self {
+        self.taken = Some((at, from_version));
+        self
+    }
+
+    /// Writes the mark into its record.
+    pub fn write(&self, records: &mut [ClusterRolloutStatus]) {
+        let rec = &mut records[self.record];
+        if let Some((at, from_version)) = &self.taken {
+            rec.changed_at = Some(time(*at));
+            rec.from_version = from_version.clone();
+        }
+        set(rec, self.state, self.reason, self.message.clone());
+    }
 }
 
 /// Whether a record is finished: done or skipped.
@@ -89,6 +137,33 @@ pub fn assign(
         });
     }
     records
+}
+
+/// Clusters this rollout changed in the current wave must stay `Available`,
+/// without alarms and not `Degraded`, once converged: through the rest of
+/// the wave and its soak. One that does not fails its gate (and every rule
+/// after sees it failed: the rollout halts unless aborted).
+pub fn judge_health_after_change(
+    records: &mut [ClusterRolloutStatus],
+    views: &BTreeMap<&str, &ClusterView>,
+    current_wave: i32,
+) {
+    for rec in records.iter_mut() {
+        if rec.wave != current_wave || rec.state != DONE || rec.changed_at.is_none() {
+            continue;
+        }
+        let Some(view) = views.get(rec.name.as_str()) else {
+            continue;
+        };
+        if let Some(why) = view.alarm().or_else(|| view.healthy().err()) {
+            set(
+                rec,
+                FAILED,
+                "UnhealthyAfterChange",
+                format!("converged, then stopped being healthy before the wave finished: {why}"),
+            );
+        }
+    }
 }
 
 /// What every record is judged against.

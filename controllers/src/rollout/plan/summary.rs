@@ -24,13 +24,16 @@ pub fn counts(records: &[ClusterRolloutStatus]) -> RolloutCounts {
     }
 }
 
-/// The new status of the rollout.
+/// The new status of the rollout: the judged records with the answer's
+/// marks written.
 pub fn status(work: &Work, outcome: &Outcome) -> EtcdFleetRolloutStatus {
     let (input, previous) = (work.input, work.input.previous);
     let now = Time(input.now);
-    let waves = work.waves();
-    let counts = counts(&work.records);
+    let records = work.marked(&outcome.marks);
+    let waves = work.waves_of(&records);
+    let counts = counts(&records);
     let current = super::waves::current(&waves).map_or(waves.len(), |w| w.wave as usize);
+    let failed = records.iter().find(|r| r.state == FAILED).cloned();
     let mut status = EtcdFleetRolloutStatus {
         observed_generation: input.generation,
         conditions: previous.conditions.clone(),
@@ -40,7 +43,7 @@ pub fn status(work: &Work, outcome: &Outcome) -> EtcdFleetRolloutStatus {
         started_at: previous
             .started_at
             .clone()
-            .or_else(|| (!work.records.is_empty()).then_some(Time(work.started_at))),
+            .or_else(|| (!records.is_empty()).then_some(Time(work.started_at))),
         completed_at: previous
             .completed_at
             .clone()
@@ -61,13 +64,20 @@ pub fn status(work: &Work, outcome: &Outcome) -> EtcdFleetRolloutStatus {
                 soak_until: w.soak_until.map(Time),
             })
             .collect(),
-        clusters: work.records.clone(),
+        clusters: records,
     };
-    set_conditions(&mut status, work, outcome, now);
+    set_conditions(&mut status, work, failed.as_ref(), outcome, now);
     status
 }
 
-fn set_conditions(status: &mut EtcdFleetRolloutStatus, work: &Work, outcome: &Outcome, now: Time) {
+/// The three conditions; `failed`: the first failed record.
+fn set_conditions(
+    status: &mut EtcdFleetRolloutStatus,
+    work: &Work,
+    failed: Option<&ClusterRolloutStatus>,
+    outcome: &Outcome,
+    now: Time,
+) {
     let generation = work.input.generation;
     let c = status.counts.clone();
     let mut set = |type_: &str, value: bool, reason: &str, message: &str| {
@@ -86,7 +96,6 @@ fn set_conditions(status: &mut EtcdFleetRolloutStatus, work: &Work, outcome: &Ou
         outcome.phase,
         &outcome.message,
     );
-    let failed = work.records.iter().find(|r| r.state == FAILED);
     match (outcome.phase, failed) {
         (phase::HALTED, Some(rec)) => set(
             cond::HALTED,

@@ -594,3 +594,136 @@ fn a_simulated_fleet_is_rolled_out_once_per_cluster_in_waves_within_the_limits()
     );
     assert_eq!(status.progress.as_deref(), Some("23/23"));
 }
+
+// Judged once, when `Work` is built: the rules only read what follows.
+
+fn input<'a>(
+    spec: &'a EtcdFleetRolloutSpec,
+    previous: &'a EtcdFleetRolloutStatus,
+    clusters: &'a [ClusterView],
+    now: Timestamp,
+) -> RolloutInput<'a> {
+    RolloutInput {
+        name: NAME,
+        generation: Some(1),
+        spec,
+        previous,
+        resume: None,
+        now,
+        clusters,
+        poll: Duration::from_secs(5),
+    }
+}
+
+fn judged<'a>(work: &'a Work, key: &str) -> &'a ClusterRolloutStatus {
+    work.records.iter().find(|r| r.name == key).unwrap()
+}
+
+fn marked(marks: &[Mark], work: &Work) -> Vec<(String, &'static str, &'static str)> {
+    marks
+        .iter()
+        .map(|m| (work.records[m.record].name.clone(), m.state, m.reason))
+        .collect()
+}
+
+#[test]
+fn a_changed_cluster_of_the_current_wave_that_turns_unhealthy_fails_when_work_is_built() {
+    let s = spec("3.5.35");
+    let mut clusters = fleet(3, "3.5.21");
+    let first = plan(&s, &Default::default(), &clusters, t0());
+    clusters[0] = converged(written(clusters[0].clone(), "3.5.35", 0));
+    let soaking = plan(&s, &first.status, &clusters, at(10));
+    clusters[0].reported.degraded = cond("True", "AlarmNOSPACE");
+    let unhealthy = input(&s, &soaking.status, &clusters, at(20));
+    let work = Work::new(&unhealthy);
+    let rec = judged(&work, "ns/c00");
+    assert_eq!(
+        (rec.state.as_str(), rec.reason.as_deref()),
+        (FAILED, Some("UnhealthyAfterChange"))
+    );
+    assert!(rec.message.as_deref().unwrap().contains("AlarmNOSPACE"));
+    // Once its wave is done (soaked), the cluster is no longer watched.
+    clusters[0].reported.degraded = cond("False", "AllMembersHealthy");
+    let next = plan(&s, &soaking.status, &clusters, at(71));
+    assert_eq!(applied(&next), Some("ns/c01"));
+    clusters[0].reported.degraded = cond("True", "AlarmNOSPACE");
+    let later = input(&s, &next.status, &clusters, at(72));
+    assert_eq!(judged(&Work::new(&later), "ns/c00").state, DONE);
+}
+
+#[test]
+fn the_version_gate_is_judged_with_the_work_and_written_only_when_it_answers() {
+    let s = spec("3.5.35");
+    let mut clusters = fleet(3, "3.5.21");
+    clusters[2] = cluster("ns/c02", "3.6.16");
+    let mut status = plan(&s, &Default::default(), &clusters, t0()).status;
+    clusters[0] = converged(written(clusters[0].clone(), "3.5.35", 0));
+    status = plan(&s, &status, &clusters, at(10)).status;
+    let gated = input(&s, &status, &clusters, at(100));
+    let work = Work::new(&gated);
+    assert_eq!(
+        marked(&work.refused, &work),
+        [("ns/c02".to_string(), FAILED, "VersionRefused")]
+    );
+    assert_eq!(
+        judged(&work, "ns/c02").state,
+        PENDING,
+        "judged, not written"
+    );
+    // Paused answers before the gate: its marks are not written.
+    let mut paused = s.clone();
+    paused.paused = Some(true);
+    let d = plan(&paused, &status, &clusters, at(100));
+    assert_eq!(d.status.phase.as_deref(), Some(phase::PAUSED));
+    assert_eq!(record(&d, "ns/c02").state, PENDING);
+    assert!(d.outcome.marks.is_empty());
+}
+
+#[test]
+fn the_turn_skips_paused_follows_what_is_asked_already_and_writes_the_next() {
+    let mut s = spec("3.5.35");
+    s.strategy.canary = Some(4);
+    s.strategy.max_in_flight = Some(2);
+    let mut clusters = fleet(4, "3.5.21");
+    clusters[0].paused = true;
+    // c01's spec already asks for the target (a person's edit before the start).
+    clusters[1].version = Some("3.5.35".into());
+    clusters[1].version_owners = vec![owner("kubectl", -60)];
+    let none = EtcdFleetRolloutStatus::default();
+    let first = input(&s, &none, &clusters, t0());
+    let work = Work::new(&first);
+    assert_eq!(
+        marked(&work.turn.marks, &work),
+        [
+            ("ns/c00".to_string(), SKIPPED, "ClusterPaused"),
+            ("ns/c01".to_string(), IN_PROGRESS, "AlreadyRequested"),
+            ("ns/c02".to_string(), IN_PROGRESS, "Changed"),
+        ]
+    );
+    assert!(matches!(&work.turn.end, turn::TurnEnd::Write { cluster, .. } if cluster == "ns/c02"));
+    assert!(
+        work.records.iter().all(|r| r.state == PENDING),
+        "judged, not written"
+    );
+    let d = plan_rollout(&first);
+    assert_eq!(applied(&d), Some("ns/c02"));
+    assert_eq!(
+        record(&d, "ns/c01").changed_at.as_ref().map(|t| t.0),
+        Some(t0())
+    );
+    assert_eq!(
+        record(&d, "ns/c03").state,
+        PENDING,
+        "two in flight: the limit"
+    );
+
+    // One in flight allowed: the followed cluster fills it, nothing is written,
+    // and the wait that answers carries the turn's marks.
+    s.strategy.max_in_flight = Some(1);
+    let d = plan(&s, &Default::default(), &clusters, t0());
+    assert_eq!(applied(&d), None);
+    assert_eq!(d.rule, "next cluster");
+    assert_eq!(d.outcome.message, "wave 1: waiting for ns/c01 to converge");
+    assert_eq!(record(&d, "ns/c00").state, SKIPPED);
+    assert_eq!(record(&d, "ns/c02").state, PENDING);
+}

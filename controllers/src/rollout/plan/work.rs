@@ -1,5 +1,6 @@
 //! What one planning pass works on: the input, the one action, a rule's
-//! answer, and the judged records ([`Work`]).
+//! answer (with the records it marks), and [`Work`]: everything the rules
+//! read, judged once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,7 +9,8 @@ use etcdfleet_api::rollout::{ResolvedStrategy, phase};
 use etcdfleet_api::{ClusterRolloutStatus, EtcdFleetRolloutSpec, EtcdFleetRolloutStatus};
 use k8s_openapi::jiff::Timestamp;
 
-use super::records::{self, Judge};
+use super::records::{self, Judge, Mark};
+use super::turn::{self, Turn};
 use super::view::ClusterView;
 use super::waves::{self, Wave};
 
@@ -54,6 +56,8 @@ pub struct Outcome {
     pub action: Action,
     /// Look again after this long at the latest (`None`: on a change only).
     pub wake: Option<Duration>,
+    /// The records this answer changes (written into the status).
+    pub marks: Vec<Mark>,
 }
 
 impl Outcome {
@@ -63,7 +67,13 @@ impl Outcome {
             message: message.into(),
             action: Action::None,
             wake: None,
+            marks: Vec::new(),
         }
+    }
+
+    pub fn marking(mut self, marks: Vec<Mark>) -> Self {
+        self.marks = marks;
+        self
     }
 
     pub fn wake(mut self, after: Duration) -> Self {
@@ -72,10 +82,15 @@ impl Outcome {
     }
 }
 
-/// A rule of the policy: it answers, or leaves the decision to the next.
-pub type Rule = fn(&mut Work) -> Option<Outcome>;
+/// A rule of the policy: it reads the judged [`Work`] and answers, or
+/// leaves the decision to the next.
+pub type Rule = fn(&Work) -> Option<Outcome>;
 
-/// The state one planning pass works on: the records, judged, and the input.
+/// What one planning pass works on, judged once when it is built: the
+/// records (each judged from its cluster as it is now, the health of the
+/// clusters changed in the current wave included), the waves they make,
+/// and what the current wave would do next (its version gate and its
+/// turn). Nothing changes it afterwards: every rule only reads it.
 pub struct Work<'a> {
     pub input: &'a RolloutInput<'a>,
     pub strategy: Result<ResolvedStrategy, String>,
@@ -84,46 +99,46 @@ pub struct Work<'a> {
     pub started_at: Timestamp,
     /// A resume annotation not acted on yet.
     pub resume: bool,
+    /// The waves as the judged records say they are.
+    pub waves: Vec<Wave>,
+    /// The current wave's pending clusters the version policy refuses.
+    pub refused: Vec<Mark>,
+    /// The current wave's next step.
+    pub turn: Turn,
 }
 
 impl<'a> Work<'a> {
-    /// Assigns new clusters to waves and judges every record from its
-    /// cluster as it is now.
+    /// Assigns new clusters to waves, judges every record from its cluster
+    /// as it is now, and what the current wave would do next.
     pub fn new(input: &'a RolloutInput<'a>) -> Self {
         let previous = input.previous;
         let strategy = input.spec.strategy.resolve().map_err(|e| e.to_string());
-        let complete = previous.phase.as_deref() == Some(phase::COMPLETE);
-        let aborted =
-            input.spec.abort == Some(true) || previous.phase.as_deref() == Some(phase::ABORTED);
         let started_at = previous.started_at.as_ref().map_or(input.now, |t| t.0);
         let resume = input.resume.is_some() && input.resume != previous.last_resume.as_deref();
         let views: BTreeMap<&str, &ClusterView> =
             input.clusters.iter().map(|v| (v.key.as_str(), v)).collect();
-        let mut records = previous.clusters.clone();
-        if let Ok(s) = &strategy
-            && !complete
-        {
-            let total = input.clusters.len().max(records.len());
-            records = records::assign(
-                &records,
-                input.clusters,
-                s.canary,
-                s.wave.of(total),
-                !aborted,
-            );
-            let manager = manager_of(input.name);
-            let judge = Judge {
-                spec: input.spec,
-                manager: &manager,
-                now: input.now,
-                started_at: Some(started_at),
-                progress_deadline: s.progress_deadline,
-                resume,
-            };
-            for rec in &mut records {
-                judge.track(rec, views.get(rec.name.as_str()).copied());
-            }
-        }
+        let complete = previous.phase.as_deref() == Some(phase::COMPLETE);
+        let records = match &strategy {
+            // A complete rollout is not judged again (it stays complete).
+            Ok(s) if !complete => judged(input, s, &views, started_at, resume),
+            _ => previous.clusters.clone(),
+        };
+        let soak = strategy.as_ref().map_or(Duration::ZERO, |s| s.soak);
+        let waves = waves::waves(&records, soak, input.now);
+        let (refused, turn) = match (&strategy, waves::current(&waves)) {
+            (Ok(s), Some(wave)) => (
+                turn::version_gate(&records, &views, wave.wave, input.spec.version.as_deref()),
+                turn::next_turn(
+                    &records,
+                    &views,
+                    wave.wave,
+                    input.spec,
+                    input.now,
+                    s.max_in_flight,
+                ),
+            ),
+            _ => (Vec::new(), Turn::default()),
+        };
         Work {
             input,
             strategy,
@@ -131,14 +146,60 @@ impl<'a> Work<'a> {
             views,
             started_at,
             resume,
+            waves,
+            refused,
+            turn,
         }
     }
 
-    /// The waves as the records say they are now.
-    pub fn waves(&self) -> Vec<Wave> {
-        let soak = self.strategy.as_ref().map_or(Duration::ZERO, |s| s.soak);
-        waves::waves(&self.records, soak, self.input.now)
+    /// The records once `marks` (an answer's) are written.
+    pub fn marked(&self, marks: &[Mark]) -> Vec<ClusterRolloutStatus> {
+        let mut records = self.records.clone();
+        for mark in marks {
+            mark.write(&mut records);
+        }
+        records
     }
+
+    /// The waves `records` make (the judged records make [`Work::waves`]).
+    pub fn waves_of(&self, records: &[ClusterRolloutStatus]) -> Vec<Wave> {
+        let soak = self.strategy.as_ref().map_or(Duration::ZERO, |s| s.soak);
+        waves::waves(records, soak, self.input.now)
+    }
+}
+
+/// The records in rollout order, each judged from its cluster as it is now;
+/// then the health of those changed in the current wave.
+fn judged(
+    input: &RolloutInput,
+    strategy: &ResolvedStrategy,
+    views: &BTreeMap<&str, &ClusterView>,
+    started_at: Timestamp,
+    resume: bool,
+) -> Vec<ClusterRolloutStatus> {
+    let previous = &input.previous.clusters;
+    let aborted =
+        input.spec.abort == Some(true) || input.previous.phase.as_deref() == Some(phase::ABORTED);
+    let total = input.clusters.len().max(previous.len());
+    let (canary, wave_size) = (strategy.canary, strategy.wave.of(total));
+    let mut records = records::assign(previous, input.clusters, canary, wave_size, !aborted);
+    let manager = manager_of(input.name);
+    let judge = Judge {
+        spec: input.spec,
+        manager: &manager,
+        now: input.now,
+        started_at: Some(started_at),
+        progress_deadline: strategy.progress_deadline,
+        resume,
+    };
+    for rec in &mut records {
+        judge.track(rec, views.get(rec.name.as_str()).copied());
+    }
+    let current = waves::waves(&records, strategy.soak, input.now);
+    if let Some(wave) = waves::current(&current).map(|w| w.wave) {
+        records::judge_health_after_change(&mut records, views, wave);
+    }
+    records
 }
 
 /// The field manager of a rollout.
