@@ -57,8 +57,10 @@ pub fn resume(work: &Work) -> Option<Outcome> {
     Some(outcome.wake(Duration::ZERO))
 }
 
-/// A cluster failed its gate: nothing more is written until a person fixes
-/// or excludes it and resumes. Clusters already changed are still watched.
+/// A cluster failed its gate (judged so with the records: refused, an
+/// alarm, past its deadline, or unhealthy after its change in this wave):
+/// nothing more is written until a person fixes or excludes it and
+/// resumes. Clusters already changed are still watched.
 pub fn halted(work: &Work) -> Option<Outcome> {
     let failed = work.records.iter().any(|r| r.state == FAILED);
     failed.then(|| halt(work, Vec::new()))
