@@ -100,7 +100,8 @@ build_coredns() { # <dir>
   local dir=$1 version out
   version=$(pinned "$dir" github.com/coredns/coredns)
   [ -n "$version" ] || fail "$dir/go.mod requires no github.com/coredns/coredns"
-  out="$cache/coredns-$version-$gover"
+  # main.go's plugin list is part of the key.
+  out="$cache/coredns-$version-$(sha256sum "$here/$dir/main.go" | cut -c1-12)-$gover"
   if [ ! -f "$out/.complete" ]; then
     echo "upstream: building CoreDNS $version with $gover into $out"
     rm -rf "$out.tmp" && mkdir -p "$out.tmp"

@@ -10,9 +10,10 @@ use etcdfleet_api::EtcdCluster;
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig as EtcdClientConfig, TlsMaterial};
 use etcdfleet_controllers::etcdcluster::observe::read_pki;
 use etcdfleet_controllers::render::Names;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
-use super::KubeWorld;
+use super::{KubeWorld, Nodes};
 use crate::driver::{ConvergeLog, TestController, converge, fast_settings, no_hook};
 use crate::scenario::WORKLOAD_NS;
 
@@ -103,15 +104,11 @@ pub async fn etcd_of(
     let pki = read_pki(&world.management.admin_client().await?, &cluster, &names)
         .await?
         .context("no PKI secret")?;
-    let runtime = &world.workload(workload).runtime;
-    let endpoints = (0..members)
-        .map(|o| {
-            let ip = runtime
-                .pod_ip(WORKLOAD_NS, &names.pod(o))
-                .with_context(|| format!("{} has no IP", names.pod(o)))?;
-            Ok(format!("https://{ip}:2379"))
-        })
-        .collect::<Result<_>>()?;
+    let endpoints = member_ips(world, workload, &names, members)
+        .await?
+        .into_iter()
+        .map(|ip| format!("https://{ip}:2379"))
+        .collect();
     let config = EtcdClientConfig {
         tls: Some(TlsMaterial {
             // Every CA trusted now (two while a CA rotation is under way).
@@ -124,6 +121,33 @@ pub async fn etcd_of(
         transport: None,
     };
     Ok((endpoints, config))
+}
+
+/// The pod IPs of members `0..members`: from the process kubelet, or the
+/// pods' status on real nodes (whose pod network the test shares).
+async fn member_ips(
+    world: &KubeWorld,
+    workload: &str,
+    names: &Names,
+    members: u32,
+) -> Result<Vec<String>> {
+    let plane = world.workload(workload);
+    let mut ips = Vec::new();
+    for o in 0..members {
+        let pod = names.pod(o);
+        let ip = match &plane.nodes {
+            Nodes::Process(kubelet) => kubelet
+                .runtime
+                .pod_ip(WORKLOAD_NS, &pod)
+                .map(|ip| ip.to_string()),
+            Nodes::Real(_) => {
+                let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, WORKLOAD_NS);
+                pods.get(&pod).await?.status.and_then(|s| s.pod_ip)
+            }
+        };
+        ips.push(ip.with_context(|| format!("{pod} has no IP"))?);
+    }
+    Ok(ips)
 }
 
 pub async fn put(

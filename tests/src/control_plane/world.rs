@@ -1,5 +1,6 @@
 //! A management cluster and workload clusters on real control planes, with a
-//! process kubelet per workload cluster: the world the `real_*` suites run in.
+//! process kubelet per cluster, or real nodes (`KubeWorld::start_real_nodes`:
+//! kubelet and containerd per Node): the world the `real_*` suites run in.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -13,11 +14,13 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
+use super::real_world::RealNodes;
 use super::{ControlPlane, Controllers, KubeBinaries, StorageEtcd, User, nodes};
 use crate::controller_process::repo;
 use crate::driver::{TestController, fast_settings};
 use crate::etcd_harness::newest_built_etcd;
 use crate::kubelet_server::{KubeletServer, runtime_pods};
+use crate::real_node::{LocalRegistry, PodNetwork};
 use crate::runtime::{BackgroundSync, ImageTable, WorkloadRuntime};
 use etcdfleet_controllers::connector::KubeconfigClientFactory;
 use etcdfleet_controllers::dialer::DialerKind;
@@ -57,11 +60,36 @@ pub struct Kubelet {
     _sync: BackgroundSync,
 }
 
-/// One workload cluster: its control plane and its process kubelet.
+/// What runs a cluster's pods.
+pub enum Nodes {
+    /// The process kubelet ([`crate::runtime`]).
+    Process(Kubelet),
+    /// Real kubelets and containerd ([`crate::real_node`]).
+    Real(RealNodes),
+}
+
+impl Nodes {
+    /// The process kubelet; a world of real nodes has none.
+    pub fn process(&self) -> &Kubelet {
+        match self {
+            Nodes::Process(kubelet) => kubelet,
+            Nodes::Real(_) => panic!("this world runs real nodes, not the process kubelet"),
+        }
+    }
+
+    /// The real nodes; a world of the process kubelet has none.
+    pub fn real(&self) -> &RealNodes {
+        match self {
+            Nodes::Real(nodes) => nodes,
+            Nodes::Process(_) => panic!("this world runs the process kubelet, not real nodes"),
+        }
+    }
+}
+
+/// One workload cluster: its control plane and what runs its pods.
 pub struct WorkloadPlane {
     pub plane: ControlPlane,
-    pub runtime: Arc<WorkloadRuntime>,
-    pub kubelet: Kubelet,
+    pub nodes: Nodes,
 }
 
 /// A management plane and named workload planes on one storage etcd.
@@ -71,9 +99,12 @@ pub struct KubeWorld {
     pub version: String,
     pub management: ControlPlane,
     /// Runs the controller's Deployment when a test installs it as shipped.
-    pub management_kubelet: Kubelet,
-    workloads: BTreeMap<String, WorkloadPlane>,
-    _storage: StorageEtcd,
+    pub management_nodes: Nodes,
+    pub(super) workloads: BTreeMap<String, WorkloadPlane>,
+    pub(super) _storage: StorageEtcd,
+    /// The pod network and the registry of a world of real nodes (dropped
+    /// after the nodes: fields drop in declaration order).
+    pub(super) _real: Option<(LocalRegistry, PodNetwork)>,
 }
 
 impl KubeWorld {
@@ -134,13 +165,11 @@ impl KubeWorld {
                 images.clone(),
             )
             .await?;
-            let runtime = kubelet.runtime.clone();
             workloads.insert(
                 name.to_string(),
                 WorkloadPlane {
                     plane,
-                    runtime,
-                    kubelet,
+                    nodes: Nodes::Process(kubelet),
                 },
             );
         }
@@ -148,10 +177,16 @@ impl KubeWorld {
             binaries,
             version,
             management,
-            management_kubelet,
+            management_nodes: Nodes::Process(management_kubelet),
             workloads,
             _storage: storage,
+            _real: None,
         })
+    }
+
+    /// The management cluster's process kubelet (see [`Nodes::process`]).
+    pub fn management_kubelet(&self) -> &Kubelet {
+        self.management_nodes.process()
     }
 
     pub fn workload(&self, name: &str) -> &WorkloadPlane {
@@ -357,6 +392,11 @@ impl Kubelet {
 }
 
 impl WorkloadPlane {
+    /// The process kubelet's runtime (see [`Nodes::process`]).
+    pub fn runtime(&self) -> &Arc<WorkloadRuntime> {
+        &self.nodes.process().runtime
+    }
+
     /// An admin client of this workload cluster.
     pub async fn admin_client(&self) -> Result<Client> {
         self.plane.admin_client().await
