@@ -5,6 +5,8 @@
 //! becomes Available, the members spread over the three Nodes, run in
 //! containerd containers, resolve each other through cluster DNS and serve
 //! writes; everything the nodes made is gone once the world is dropped.
+//! Then the dev stage as shipped: the controller's Deployment runs the image
+//! `make image` built on real management nodes and converges a cluster.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -16,7 +18,8 @@ use etcdfleet_tests::control_plane::scenario::{
 };
 use etcdfleet_tests::control_plane::{KubeWorld, RealWorldSpec, require_kubernetes};
 use etcdfleet_tests::etcd_harness::newest_built_etcd;
-use etcdfleet_tests::real_node::{require_real_nodes, run_isolated};
+use etcdfleet_tests::image::require_image;
+use etcdfleet_tests::real_node::{NodeImage, require_real_nodes, run_isolated};
 use etcdfleet_tests::scenario::WORKLOAD_NS;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -110,5 +113,74 @@ async fn check_pods(world: &KubeWorld, version: &str) -> Result<()> {
         nodes.extend(pod.spec.as_ref().and_then(|s| s.node_name.clone()));
     }
     ensure!(nodes.len() == 3, "members on {nodes:?}");
+    Ok(())
+}
+
+#[test]
+fn real_node_smoke_the_dev_stage_runs_the_controller_as_a_pod() {
+    let Some(binaries) = require_kubernetes() else {
+        return;
+    };
+    let Some(tools) = require_real_nodes(&binaries) else {
+        return;
+    };
+    let Some(image) = require_image() else {
+        return;
+    };
+    run_isolated(|| async move {
+        let version = newest_built_etcd()?.version_string();
+        let spec = RealWorldSpec {
+            tools: &tools,
+            workload_names: &["w1"],
+            management_nodes: 0,
+            extra_images: vec![],
+        }
+        .with_controller_pod(NodeImage::controller(&image.layout(), &image.tag));
+        let world = KubeWorld::start_real_nodes(binaries, spec).await?;
+        let node_logs = || {
+            let management = world.management_nodes.real().log_tails(30);
+            format!(
+                "{management}{}",
+                world.workload("w1").nodes.real().log_tails(10)
+            )
+        };
+        if let Err(e) = controller_pod_converges(&world, &version).await {
+            bail!("{e:?}\nnodes:{}", node_logs());
+        }
+        Ok(())
+    });
+}
+
+/// The dev stage installed as the README says; its controller pod turns
+/// Ready, converges a 3-member cluster, and runs in containerd.
+async fn controller_pod_converges(world: &KubeWorld, version: &str) -> Result<()> {
+    world.install("config/stages/dev")?;
+    world.install_workload_rbac()?;
+    world.put_kubeconfig_secret(NS, "w1").await?;
+    world.kubectl(&[
+        "wait",
+        "-n",
+        "etcdfleet-system",
+        "--for=jsonpath={.status.readyReplicas}=1",
+        "deployment/etcdfleet-controller",
+        "--timeout=180s",
+    ])?;
+    world.apply(&cluster_yaml("shop", "w1", 3, version))?;
+    wait_ready_members(world, "shop", 3)?;
+    put(world, "w1", "shop", 3, "by-the-pod").await?;
+    read_everywhere(world, "w1", "shop", 3, "by-the-pod").await?;
+    let ids = world.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "etcdfleet-system",
+        "-o",
+        "jsonpath={.items[*].status.containerStatuses[0].containerID}",
+    ])?;
+    eprintln!("controller pod: {ids}");
+    ensure!(
+        ids.trim().starts_with("containerd://"),
+        "controller container {ids:?}"
+    );
     Ok(())
 }

@@ -191,6 +191,8 @@ impl Controllers {
 pub struct ControlPlane {
     name: String,
     url: String,
+    /// Where pods on real nodes reach the API server (the bridge's gateway).
+    pod_url: Option<String>,
     ca_pem: String,
     admin_token: String,
     tokens: Vec<(String, String)>,
@@ -253,6 +255,7 @@ impl ControlPlane {
         let mut plane = ControlPlane {
             name: name.to_string(),
             url,
+            pod_url: pods.map(|_| format!("https://{GATEWAY}:{port}")),
             ca_pem: pki.ca_pem,
             admin_token: tokens[0].1.clone(),
             tokens,
@@ -392,6 +395,14 @@ impl ControlPlane {
     /// user given at start).
     pub fn kubeconfig_for(&self, user: &str) -> String {
         kubeconfig(&self.url, &self.token_of(user), Some(&self.ca_pem))
+    }
+
+    /// As [`ControlPlane::kubeconfig_for`], with the address pods reach the
+    /// API server at: what a kubeconfig Secret read by a controller pod must
+    /// name (the same as [`ControlPlane::url`] without real nodes).
+    pub fn kubeconfig_for_pods(&self, user: &str) -> String {
+        let url = self.pod_url.as_deref().unwrap_or(&self.url);
+        kubeconfig(url, &self.token_of(user), Some(&self.ca_pem))
     }
 
     /// A kubeconfig authenticating with a bearer token.

@@ -346,7 +346,11 @@ impl KubeWorld {
     pub async fn put_kubeconfig_secret(&self, ns: &str, workload: &str) -> Result<()> {
         let client = self.management.admin_client().await?;
         create_namespace(&client, ns).await?;
-        let kubeconfig = self.workload(workload).plane.kubeconfig_for(WORKLOAD_USER);
+        // Read by the controller, a process of the test or a pod.
+        let kubeconfig = self
+            .workload(workload)
+            .plane
+            .kubeconfig_for_pods(WORKLOAD_USER);
         let secret: Secret = serde_json::from_value(json!({
             "metadata": { "name": format!("{workload}-kubeconfig"), "namespace": ns },
             "stringData": { "value": kubeconfig },
@@ -355,6 +359,41 @@ impl KubeWorld {
             .create(&PostParams::default(), &secret)
             .await?;
         Ok(())
+    }
+}
+
+/// The host-path provisioner of kube-controller-manager writes each
+/// volume under this directory of the machine, and never removes one whose
+/// claim outlives its cluster (the members' claims are retained).
+const HOST_PATH_VOLUMES: &str = "/tmp/hostpath_pv/";
+
+impl Drop for KubeWorld {
+    /// Removes the data of the workload planes' volumes (etcd's WAL alone
+    /// preallocates 64 MiB per member) once their pods are gone, unless the
+    /// test failed or `ETCDFLEET_KEEP_PODS` asks to keep them.
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("ETCDFLEET_KEEP_PODS").is_some() {
+            return;
+        }
+        let volumes: Vec<String> = self
+            .workloads
+            .keys()
+            .filter_map(|name| {
+                self.kubectl_workload(
+                    name,
+                    &["get", "pv", "-o", "jsonpath={.items[*].spec.hostPath.path}"],
+                )
+                .ok()
+            })
+            .flat_map(|paths| paths.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .collect();
+        // Stops every workload plane and its nodes first.
+        self.workloads.clear();
+        for path in volumes {
+            if path.starts_with(HOST_PATH_VOLUMES) && !path.contains("..") {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        }
     }
 }
 

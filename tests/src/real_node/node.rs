@@ -235,9 +235,11 @@ impl RealNode {
     }
 
     /// Stops the node as a machine stops: every process of it is killed at
-    /// once (its pods stay bound to it in the API, as on a real outage).
-    pub async fn stop(&mut self) {
-        if let Some(sandbox) = self.sandbox.take() {
+    /// once (its pods stay bound to it in the API, as on a real outage; the
+    /// Node turns NotReady only if the plane runs the node lifecycle
+    /// controller, which the real tier does not yet).
+    pub async fn stop(&self) {
+        if let Some(sandbox) = &self.sandbox {
             sandbox.kill().await;
         }
         remove_cgroup_root(&self.cgroup_root);
