@@ -104,10 +104,12 @@ async fn check_pods(world: &KubeWorld, version: &str) -> Result<()> {
                 "{name}: image {}",
                 container.image
             );
+            let peak = world.workload("w1").nodes.real().container_memory_peak(id);
             eprintln!(
-                "{name}: {} {id} on {:?}",
+                "{name}: {} {id} on {:?}, peak memory {} MiB",
                 container.image,
-                pod.spec.as_ref().and_then(|s| s.node_name.clone())
+                pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                peak.map_or(-1, |b| (b >> 20) as i64)
             );
         }
         nodes.extend(pod.spec.as_ref().and_then(|s| s.node_name.clone()));
@@ -177,7 +179,14 @@ async fn controller_pod_converges(world: &KubeWorld, version: &str) -> Result<()
         "-o",
         "jsonpath={.items[*].status.containerStatuses[0].containerID}",
     ])?;
-    eprintln!("controller pod: {ids}");
+    let peak = world
+        .management_nodes
+        .real()
+        .container_memory_peak(ids.trim());
+    eprintln!(
+        "controller pod: {ids}, peak memory {} MiB (limit 512 MiB)",
+        peak.map_or(-1, |b| (b >> 20) as i64)
+    );
     ensure!(
         ids.trim().starts_with("containerd://"),
         "controller container {ids:?}"

@@ -29,6 +29,13 @@ pub struct RealNodes {
 }
 
 impl RealNodes {
+    /// The peak memory of a container (its pod status' `containerID`) on
+    /// whichever node runs it; see [`RealNode::container_memory_peak`].
+    pub fn container_memory_peak(&self, container_id: &str) -> Option<u64> {
+        let id = container_id.trim_start_matches("containerd://");
+        self.nodes.iter().find_map(|n| n.container_memory_peak(id))
+    }
+
     /// The last lines of every node's logs and of CoreDNS's.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out: String = self.nodes.iter().map(|n| n.log_tails(lines)).collect();

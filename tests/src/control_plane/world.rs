@@ -385,7 +385,12 @@ impl Drop for KubeWorld {
                 )
                 .ok()
             })
-            .flat_map(|paths| paths.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .flat_map(|paths| {
+                paths
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
             .collect();
         // Stops every workload plane and its nodes first.
         self.workloads.clear();

@@ -234,6 +234,18 @@ impl RealNode {
         self.sandbox.as_ref().is_some_and(|s| s.is_running())
     }
 
+    /// The peak memory (bytes, page cache included, as the kernel charges
+    /// it against a limit) of the container with the CRI id `container_id`
+    /// (a pod status' `containerID` less `containerd://`), if it runs here:
+    /// its cgroup is `<cgroup root>/kubepods/<qos>/pod<uid>/<id>`.
+    pub fn container_memory_peak(&self, container_id: &str) -> Option<u64> {
+        let mut dirs = Vec::new();
+        collect_dirs(&self.cgroup_dir(), &mut dirs);
+        let dir = dirs.iter().find(|d| d.ends_with(container_id))?;
+        let text = std::fs::read_to_string(dir.join("memory.max_usage_in_bytes")).ok()?;
+        text.trim().parse().ok()
+    }
+
     /// Stops the node as a machine stops: every process of it is killed at
     /// once (its pods stay bound to it in the API, as on a real outage; the
     /// Node turns NotReady only if the plane runs the node lifecycle
