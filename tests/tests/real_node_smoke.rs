@@ -13,8 +13,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use etcdfleet_tests::control_plane::scenario::{
-    NS, cluster_yaml, converge_real, put, read_everywhere, stop_installed_controller,
-    wait_available, wait_ready_members,
+    NS, cluster_yaml, converge_real, installed_real_world, put, read_everywhere, wait_available,
+    wait_ready_members,
 };
 use etcdfleet_tests::control_plane::{KubeWorld, RealWorldSpec, require_kubernetes};
 use etcdfleet_tests::etcd_harness::newest_built_etcd;
@@ -34,16 +34,7 @@ fn real_node_smoke_three_members_on_three_real_nodes() {
     };
     run_isolated(|| async move {
         let version = newest_built_etcd()?.version_string();
-        let world = KubeWorld::start_real_nodes(
-            binaries,
-            RealWorldSpec {
-                tools: &tools,
-                workload_names: &["w1"],
-                management_nodes: 0,
-                extra_images: vec![],
-            },
-        )
-        .await?;
+        let world = installed_real_world(binaries, &tools, &["w1"]).await?;
         let node_logs = || world.workload("w1").nodes.real().log_tails(25);
         let cgroups: Vec<PathBuf> = world
             .workload("w1")
@@ -65,13 +56,9 @@ fn real_node_smoke_three_members_on_three_real_nodes() {
     });
 }
 
-/// The dev stage installed, the installed controller stopped, and the test's
-/// own controller converging a 3-member cluster that serves a write.
+/// The test's own controller converging a 3-member cluster that serves a
+/// write.
 async fn create_cluster(world: &KubeWorld, version: &str) -> Result<()> {
-    world.install("config/stages/dev")?;
-    world.install_workload_rbac()?;
-    world.put_kubeconfig_secret(NS, "w1").await?;
-    stop_installed_controller(world)?;
     let mut ctl = world.controller().await?;
     world.apply(&cluster_yaml("shop", "w1", 3, version))?;
     converge_real(&mut ctl, &["shop"]).await?;

@@ -223,6 +223,30 @@ pub fn stop_installed_controller(world: &KubeWorld) -> Result<()> {
     Ok(())
 }
 
+/// [`installed_world`] on real nodes ([`KubeWorld::start_real_nodes`], no
+/// management nodes: the controller is the test's own). Call it inside
+/// [`crate::real_node::run_isolated`].
+pub async fn installed_real_world(
+    binaries: super::KubeBinaries,
+    tools: &crate::real_node::NodeTools,
+    workloads: &[&str],
+) -> Result<KubeWorld> {
+    let spec = super::RealWorldSpec {
+        tools,
+        workload_names: workloads,
+        management_nodes: 0,
+        extra_images: vec![],
+    };
+    let world = KubeWorld::start_real_nodes(binaries, spec).await?;
+    world.install("config/stages/dev")?;
+    world.install_workload_rbac()?;
+    for w in workloads {
+        world.put_kubeconfig_secret(NS, w).await?;
+    }
+    stop_installed_controller(&world)?;
+    Ok(world)
+}
+
 /// Like [`installed_world`], with the installed controller Deployment left
 /// running (the process kubelet of the management cluster runs its pod).
 pub async fn installed_world_running(workloads: &[&str]) -> Result<Option<KubeWorld>> {

@@ -17,10 +17,9 @@
 //! (`protectKernelDefaults`), so the machine's are never read or written.
 //!
 //! What outlives the namespace: the cgroups under the node's
-//! `--cgroup-root`, removed when the node is dropped (once their processes
-//! are gone) or, after a test process was killed, by the next node started
-//! on the machine (the root's name carries the test's pid), and the node's
-//! directory.
+//! `--cgroup-root` and the node's directory, removed when the node is
+//! dropped or, after a test process was killed, by the next node started on
+//! the machine (both names carry the test's pid).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -82,8 +81,14 @@ impl RealNode {
     /// containerd answers (the kubelet registers the Node on its own: wait
     /// for it with [`RealNode::wait_ready`]).
     pub async fn start(spec: &NodeSpec<'_>) -> Result<RealNode> {
+        remove_stale_node_dirs();
+        // The pid names the test process the directory belongs to.
         let dir = tempfile::Builder::new()
-            .prefix(&format!("etcdfleet-node-{}-", spec.name))
+            .prefix(&format!(
+                "{CGROUP_PREFIX}{}-{}-",
+                std::process::id(),
+                spec.name
+            ))
             .tempdir()?;
         let path = dir.path().to_path_buf();
         let (k, address) = spec.network.add_node()?;
@@ -455,17 +460,35 @@ fn cgroup_hierarchies() -> Vec<PathBuf> {
 /// a root whose process is gone was left by a killed test.
 const CGROUP_PREFIX: &str = "etcdfleet-node-";
 
+/// Whether `name` (`etcdfleet-node-<pid>-...`) belongs to a test process
+/// that is gone: a killed test's node left it behind.
+fn left_by_a_dead_test(name: &str) -> bool {
+    name.strip_prefix(CGROUP_PREFIX)
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Node directories of killed tests (containerd's image layers are most of
+/// their size; their mounts died with the node's mount namespace).
+fn remove_stale_node_dirs() {
+    for e in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if left_by_a_dead_test(&e.file_name().to_string_lossy()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// A new `--cgroup-root` for `node`, unique per run; the roots that killed
 /// test processes left are removed first (their processes died with them).
 fn new_cgroup_root(node: &str) -> String {
     for h in cgroup_hierarchies() {
         for e in std::fs::read_dir(&h).into_iter().flatten().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let owner = name
-                .strip_prefix(CGROUP_PREFIX)
-                .and_then(|rest| rest.split('-').next())
-                .and_then(|pid| pid.parse::<u32>().ok());
-            if owner.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            if left_by_a_dead_test(&e.file_name().to_string_lossy()) {
                 remove_tree(&e.path(), Instant::now() + Duration::from_secs(1));
             }
         }
