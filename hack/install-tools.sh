@@ -77,6 +77,8 @@ for plugin in bridge host-local loopback portmap; do
 done
 [ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+# The etcd images carry the machine's CA bundle, as upstream's base does.
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 # The kubernetes Service's one translation rule in a real-node world's own
 # network namespace (there is no kube-proxy).
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)

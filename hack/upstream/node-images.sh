@@ -11,7 +11,13 @@
 #                                            of each etcd build.sh built (and
 #                                            the 3.5.1 binaries install-tools
 #                                            unpacks): the names the controller
-#                                            renders, so no pod spec is rewritten
+#                                            renders, so no pod spec is rewritten;
+#                                            with the machine's CA bundle at
+#                                            /etc/ssl/certs/ca-certificates.crt
+#                                            and /tmp, as upstream's distroless
+#                                            base has them (the restore seeder
+#                                            runs in this image and its HTTP
+#                                            client loads the system's CAs)
 #
 # Each image is one OCI layout under ~/.cache/etcdfleet/images/<key>/oci
 # (key: image and version, and the compiler or the cached binaries it was
@@ -32,6 +38,8 @@ export GOTOOLCHAIN=local
 fail() { echo "node-images: FAILED: $*" >&2; exit 1; }
 command -v umoci >/dev/null 2>&1 || fail "umoci is missing (Debian package umoci)"
 command -v gcc >/dev/null 2>&1 || fail "gcc is missing (Debian package gcc)"
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+[ -f "$ca_bundle" ] || fail "$ca_bundle is missing (Debian package ca-certificates)"
 mkdir -p "$images" "$links"
 
 # Writes an OCI layout <dir>/oci holding <name> (tag = the part after the
@@ -104,13 +112,14 @@ build_pause() {
 # /usr/local/bin on PATH, as the upstream image, whose pods run `etcd`.
 build_etcd_image() { # <bindir> <version without v>
   local bindir=$1 version=$2 key dir tmp b
-  key="image-$(basename "$(readlink -f "$bindir")")"
+  key="image-$(basename "$(readlink -f "$bindir")")-ca$(sha256sum "$ca_bundle" | cut -c1-8)"
   dir="$images/$key"
   if [ ! -f "$dir/name" ]; then
     echo "node-images: building gcr.io/etcd-development/etcd:v$version from $bindir"
     tmp=$(mktemp -d)
-    mkdir -p "$tmp/rootfs/usr/local/bin" "$tmp/rootfs/var/etcd" "$tmp/rootfs/tmp"
+    mkdir -p "$tmp/rootfs/usr/local/bin" "$tmp/rootfs/var/etcd" "$tmp/rootfs/tmp" "$tmp/rootfs/etc/ssl/certs"
     chmod 1777 "$tmp/rootfs/tmp"
+    install -m 0644 "$ca_bundle" "$tmp/rootfs/etc/ssl/certs/ca-certificates.crt"
     for b in etcd etcdctl etcdutl; do
       ! readelf -l "$bindir/$b" | grep -q INTERP || fail "$bindir/$b is not static: it cannot run FROM scratch"
       install -m 0755 "$bindir/$b" "$tmp/rootfs/usr/local/bin/$b"
