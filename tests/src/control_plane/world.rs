@@ -184,6 +184,15 @@ impl KubeWorld {
         })
     }
 
+    /// The last lines of every log of what runs the management cluster's
+    /// pods (the controller's, when a test installs it as shipped).
+    pub fn management_pod_logs(&self, lines: usize) -> String {
+        match &self.management_nodes {
+            Nodes::Process(kubelet) => kubelet.runtime.all_pod_logs(lines),
+            Nodes::Real(nodes) => nodes.log_tails(lines),
+        }
+    }
+
     /// The management cluster's process kubelet (see [`Nodes::process`]).
     pub fn management_kubelet(&self) -> &Kubelet {
         self.management_nodes.process()
