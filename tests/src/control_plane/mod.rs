@@ -43,5 +43,5 @@ pub use plane::{
     ADMIN_USER, ControlPlane, Controllers, KubeBinaries, StorageEtcd, User, client_from_kubeconfig,
     require_kubernetes,
 };
-pub use real_world::{RealNodes, RealWorldSpec};
+pub use real_world::RealWorldSpec;
 pub use world::{KubeWorld, Nodes, WorkloadPlane, real_settings};

@@ -15,34 +15,12 @@ use super::{ControlPlane, Controllers, KubeBinaries, StorageEtcd, User};
 use crate::etcd_harness::newest_built_etcd;
 use crate::real_node::node::SANDBOX_IMAGE_PREFIX;
 use crate::real_node::{
-    ClusterDns, LocalRegistry, NodeImage, NodeSpec, NodeTools, PlaneAddresses, PodNetwork, RealNode,
+    ClusterDns, LocalRegistry, NodeImage, NodeSpec, NodeTools, PlaneAddresses, PodNetwork,
+    RealNode, RealNodes,
 };
 
 /// How long a Node may take from start to Ready.
 const NODE_READY: Duration = Duration::from_secs(120);
-
-/// One plane's real Nodes and its cluster DNS.
-pub struct RealNodes {
-    pub nodes: Vec<RealNode>,
-    pub dns: ClusterDns,
-    pub addresses: PlaneAddresses,
-}
-
-impl RealNodes {
-    /// The peak memory of a container (its pod status' `containerID`) on
-    /// whichever node runs it; see [`RealNode::container_memory_peak`].
-    pub fn container_memory_peak(&self, container_id: &str) -> Option<u64> {
-        let id = container_id.trim_start_matches("containerd://");
-        self.nodes.iter().find_map(|n| n.container_memory_peak(id))
-    }
-
-    /// The last lines of every node's logs and of CoreDNS's.
-    pub fn log_tails(&self, lines: usize) -> String {
-        let mut out: String = self.nodes.iter().map(|n| n.log_tails(lines)).collect();
-        out.push_str(&format!("\n--- coredns ---\n{}", self.dns.log_tail(lines)));
-        out
-    }
-}
 
 /// What a real-node world is made of besides its planes.
 pub struct RealWorldSpec<'a> {

@@ -14,13 +14,12 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use super::real_world::RealNodes;
 use super::{ControlPlane, Controllers, KubeBinaries, StorageEtcd, User, nodes};
 use crate::controller_process::repo;
 use crate::driver::{TestController, fast_settings};
 use crate::etcd_harness::newest_built_etcd;
 use crate::kubelet_server::{KubeletServer, runtime_pods};
-use crate::real_node::{LocalRegistry, PodNetwork};
+use crate::real_node::{LocalRegistry, PodNetwork, RealNodes};
 use crate::runtime::{BackgroundSync, ImageTable, WorkloadRuntime};
 use etcdfleet_controllers::connector::KubeconfigClientFactory;
 use etcdfleet_controllers::dialer::DialerKind;

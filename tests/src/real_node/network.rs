@@ -1,5 +1,5 @@
 //! The pod network of a real-node world, inside the test's own network
-//! namespace ([`super::run_isolated`]):
+//! namespace ([`super::isolation::run_isolated`]):
 //!
 //! - one Linux bridge, `10.244.0.1/16` on it: the gateway every pod routes
 //!   through to reach the test's processes (API servers, cluster DNS);
@@ -21,8 +21,10 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::sync::Mutex;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde_json::json;
+
+use super::isolation::{in_own_network, ip};
 
 /// The bridge every pod of the world is attached to.
 pub const BRIDGE: &str = "etcdfleet0";
@@ -64,7 +66,7 @@ impl PodNetwork {
     /// machine's own network namespace.
     pub fn create() -> Result<PodNetwork> {
         ensure!(
-            super::in_own_network()?,
+            in_own_network()?,
             "the pod network is made only inside a test's own network namespace (run_isolated)"
         );
         ip(&["link", "add", BRIDGE, "type", "bridge"])?;
@@ -155,20 +157,4 @@ pub fn cni_config(k: u8, ipam_dir: &std::path::Path) -> String {
         }],
     })
     .to_string()
-}
-
-/// `ip <args>`, failing with its stderr.
-pub fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip (Debian package iproute2)")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }

@@ -30,9 +30,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
 
-use super::NodeTools;
 use super::network::{PodNetwork, cni_config};
 use super::registry::LocalRegistry;
+use super::tools::NodeTools;
 use crate::etcd_harness::{EtcdProcess, ProcessSpec, random_u64};
 
 /// The sandbox image every node's containerd starts for each pod (built by
