@@ -12,7 +12,9 @@
 //!   copies the binary into an emptyDir, and `restore-seed` runs that copy
 //!   inside a bare etcd image layout (nothing but `etcdutl`, no libc, no
 //!   shell) and restores a real etcd 3.5 snapshot into the data volume
-//!   (`restore_seed.rs` shows etcd serving every key of such a restore);
+//!   (`restore_seed.rs` shows etcd serving every key of such a restore),
+//!   from a directory or from an S3 bucket over plain HTTP, which needs no
+//!   CA bundle in the etcd image;
 //! - the test world's image table runs the seeder from this image.
 
 use std::net::{Ipv4Addr, UdpSocket};
@@ -23,12 +25,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::ObjectStoreDestination;
 use etcdfleet_controllers::etcd::ClusterClient;
-use etcdfleet_controllers::store::Store;
+use etcdfleet_controllers::restore::seed::{ENV_ACCESS_KEY_ID, ENV_SECRET_ACCESS_KEY};
+use etcdfleet_controllers::store::{Credentials, Store};
 use etcdfleet_tests::etcd_harness::{
     ClusterOptions, EtcdBinary, EtcdVersion, LocalEtcdCluster, random_u64, require_etcd,
 };
 use etcdfleet_tests::image::{BuiltImage, require_image};
 use etcdfleet_tests::runtime::{ImageTable, SEEDER_IMAGE};
+use etcdfleet_tests::s3::{ACCESS_KEY_ID, S3Server, SECRET_ACCESS_KEY};
 use serde_json::Value;
 
 fn run(cmd: &mut Command) -> Result<Output> {
@@ -244,52 +248,60 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()> {
-    let Some(image) = require_image() else {
-        return Ok(());
-    };
-    let Some(etcd) = require_etcd(EtcdVersion::V3_5) else {
-        return Ok(());
-    };
-    let etcdutl = etcd.etcdutl.clone().context("etcd 3.5 has etcdutl")?;
-    let work = tempfile::tempdir()?;
-    let store = work.path().join("store");
-    let (size, sha) = snapshot(&etcd, &store).await?;
+/// Where the seeder's two init containers put things, as a pod's volumes:
+/// the emptyDir they share and the member's data volume.
+struct SeedPod {
+    seeder_dir: std::path::PathBuf,
+    data: std::path::PathBuf,
+}
 
-    // The pod's volumes: the emptyDir the two init containers share, and
-    // the member's data volume.
-    let seeder_dir = work.path().join("emptydir");
-    let data = work.path().join("data");
-    std::fs::create_dir_all(&seeder_dir)?;
-    std::fs::create_dir_all(&data)?;
+/// Runs the seeder's two init containers as a pod runs them, each in a root
+/// of its own: `install-seeder` in a root that is the image's file system,
+/// then `restore-seed` of `snap/1.db` from `destination` (JSON) in a bare
+/// etcd image (`etcdutl` and nothing else: no libc, no shell, no CA bundle),
+/// with `env` and `binds` besides the pod's volumes. Returns restore-seed's
+/// output and how long each container took.
+fn seed_in_bare_etcd(
+    image: &BuiltImage,
+    etcdutl: &Path,
+    work: &Path,
+    seed: (&str, u64, &str),
+    env: &[(&str, &str)],
+    binds: &[(&Path, &str)],
+) -> Result<(SeedPod, Output, Duration, Duration)> {
+    let (destination, size, sha) = seed;
+    let pod = SeedPod {
+        seeder_dir: work.join("emptydir"),
+        data: work.join("data"),
+    };
+    std::fs::create_dir_all(&pod.seeder_dir)?;
+    std::fs::create_dir_all(&pod.data)?;
 
     // 1. install-seeder, in a root that is the image's file system.
-    let controller_root = work.path().join("controller-image");
+    let controller_root = work.join("controller-image");
     copy_dir(&image.rootfs(), &controller_root)?;
     let started = Instant::now();
     run(&mut in_root(
         &controller_root,
-        &[(&seeder_dir, "/opt/etcdfleet")],
+        &[(&pod.seeder_dir, "/opt/etcdfleet")],
         "/etcdfleet",
         &["install-seeder", "/opt/etcdfleet/etcdfleet"],
     ))?;
     let install_time = started.elapsed();
 
     // 2. restore-seed, in a bare etcd image: etcdutl and nothing else.
-    let etcd_root = work.path().join("etcd-image");
+    let etcd_root = work.join("etcd-image");
     std::fs::create_dir_all(etcd_root.join("usr/local/bin"))?;
-    std::fs::copy(&etcdutl, etcd_root.join("usr/local/bin/etcdutl"))?;
-    let destination = r#"{"path":"/snapshots"}"#;
+    std::fs::copy(etcdutl, etcd_root.join("usr/local/bin/etcdutl"))?;
     let size_arg = size.to_string();
-    let started = Instant::now();
-    let out = run(&mut in_root(
+    let mut volumes = vec![
+        (&*pod.seeder_dir, "/opt/etcdfleet"),
+        (&*pod.data, "/var/lib/etcd"),
+    ];
+    volumes.extend_from_slice(binds);
+    let mut seed = in_root(
         &etcd_root,
-        &[
-            (&seeder_dir, "/opt/etcdfleet"),
-            (&data, "/var/lib/etcd"),
-            (&store, "/snapshots"),
-        ],
+        &volumes,
         "/opt/etcdfleet/etcdfleet",
         &[
             "restore-seed",
@@ -298,7 +310,7 @@ async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()>
             "--object-key",
             "snap/1.db",
             "--sha256",
-            &sha,
+            sha,
             "--size-bytes",
             &size_arg,
             "--data-dir",
@@ -316,20 +328,96 @@ async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()>
             "--restore-tool",
             "etcdutl",
         ],
-    ))?;
-    let seed_time = started.elapsed();
+    );
+    seed.envs(env.iter().copied());
+    let started = Instant::now();
+    let out = run(&mut seed)?;
+    Ok((pod, out, install_time, started.elapsed()))
+}
+
+/// What a seeded member's data volume holds after a restore of `sha`.
+fn assert_restored(pod: &SeedPod, out: &Output, sha: &str) -> Result<()> {
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Restored"));
+    assert!(pod.data.join("data/member/snap/db").is_file());
+    assert_eq!(
+        std::fs::read_to_string(pod.data.join("data.etcdfleet-restored-from"))?,
+        sha
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()> {
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let Some(etcd) = require_etcd(EtcdVersion::V3_5) else {
+        return Ok(());
+    };
+    let etcdutl = etcd.etcdutl.clone().context("etcd 3.5 has etcdutl")?;
+    let work = tempfile::tempdir()?;
+    let store = work.path().join("store");
+    let (size, sha) = snapshot(&etcd, &store).await?;
+    let (pod, out, install_time, seed_time) = seed_in_bare_etcd(
+        &image,
+        &etcdutl,
+        work.path(),
+        (r#"{"path":"/snapshots"}"#, size, &sha),
+        &[],
+        &[(&store, "/snapshots")],
+    )?;
     eprintln!(
         "seeder from the image: install-seeder {install_time:?}, restore-seed {seed_time:?} \
          ({size} byte snapshot)\n{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Restored"));
-    assert!(data.join("data/member/snap/db").is_file());
-    assert_eq!(
-        std::fs::read_to_string(data.join("data.etcdfleet-restored-from"))?,
-        sha
-    );
-    Ok(())
+    assert_restored(&pod, &out, &sha)
+}
+
+/// The seeder's S3 client in an etcd image that has no CA bundle: a
+/// plain-HTTP endpoint speaks no TLS, so the client is built without the
+/// system's CA certificates instead of failing to build ("builder error").
+#[tokio::test]
+async fn the_seeder_fetches_over_plain_http_in_an_etcd_image_without_ca_certificates() -> Result<()>
+{
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let Some(etcd) = require_etcd(EtcdVersion::V3_5) else {
+        return Ok(());
+    };
+    let Some(s3) = S3Server::start() else {
+        return Ok(());
+    };
+    let etcdutl = etcd.etcdutl.clone().context("etcd 3.5 has etcdutl")?;
+    let work = tempfile::tempdir()?;
+    let local = work.path().join("store");
+    let (size, sha) = snapshot(&etcd, &local).await?;
+    s3.create_bucket("seeds")?;
+    let mut destination = s3.destination("seeds", "unused");
+    destination.prefix = None;
+    destination.credentials_secret_name = None;
+    let credentials = Credentials {
+        access_key_id: ACCESS_KEY_ID.into(),
+        secret_access_key: SECRET_ACCESS_KEY.into(),
+        session_token: None,
+    };
+    Store::open(&destination, Some(&credentials))?
+        .put_small("snap/1.db", std::fs::read(local.join("snap/1.db"))?)
+        .await?;
+    let (pod, out, _, seed_time) = seed_in_bare_etcd(
+        &image,
+        &etcdutl,
+        work.path(),
+        (&serde_json::to_string(&destination)?, size, &sha),
+        &[
+            (ENV_ACCESS_KEY_ID, ACCESS_KEY_ID),
+            (ENV_SECRET_ACCESS_KEY, SECRET_ACCESS_KEY),
+        ],
+        &[],
+    )?;
+    eprintln!("seeder over plain HTTP with no CA bundle: restore-seed {seed_time:?}");
+    assert_restored(&pod, &out, &sha)
 }
 
 #[test]
