@@ -11,7 +11,8 @@
 #     loopback, in its own virtualenv .tools/moto-venv/ (never into the
 #     machine's Python, whose other packages pin other boto versions).
 #   - umoci and skopeo (Debian), which write and read the controller's OCI
-#     image (make image), and libc6-dev / binutils for its static binary;
+#     image (make image), libc6-dev / binutils for its static binary, and
+#     ca-certificates, whose Mozilla set is the image's CA bundle;
 #   - promtool (Debian prometheus), which parses and tests the shipped alert
 #     rules;
 #   - the real nodes' runtime (tests/src/real_node/): containerd 1.6, runc,
@@ -77,8 +78,12 @@ for plugin in bridge host-local loopback portmap; do
 done
 [ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
-# The etcd images carry the machine's CA bundle, as upstream's base does.
-[ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
+# The controller image carries the Mozilla set of Debian's ca-certificates
+# (make image: /usr/share/ca-certificates/mozilla); the etcd test images the
+# machine's bundle, as upstream's base carries one.
+if [ ! -f /etc/ssl/certs/ca-certificates.crt ] || ! ls /usr/share/ca-certificates/mozilla/*.crt >/dev/null 2>&1; then
+  need_apt+=(ca-certificates)
+fi
 # The kubernetes Service's one translation rule in a real-node world's own
 # network namespace (there is no kube-proxy).
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)

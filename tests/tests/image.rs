@@ -2,7 +2,12 @@
 //!
 //! - standard tools read it: `skopeo inspect` (manifest and config) and
 //!   `umoci` (the tag in the layout); it is tagged with the workspace version,
-//!   the tag the manifests deploy, and holds one layer with one file;
+//!   the tag the manifests deploy, and holds one layer with two files: the
+//!   binary and a CA bundle;
+//! - the bundle is the Mozilla set of Debian's `ca-certificates`, where the
+//!   object-store client looks for it, and none of the build machine's own
+//!   CAs: the binary trusts those certificates in the image's root, and
+//!   none in a root without them;
 //! - its binary is static and runs in an empty root: it starts there, and
 //!   resolves names from `/etc/hosts` and through `/etc/resolv.conf` (a DNS
 //!   server of the test on a loopback address), as the controller must for
@@ -102,11 +107,17 @@ fn standard_tools_read_the_image_and_it_carries_the_release_tag() -> Result<()> 
         .arg(image.layout()))?;
     assert_eq!(String::from_utf8_lossy(&tags.stdout).trim(), image.tag);
 
-    // FROM scratch: the layer holds the binary and nothing else.
-    let files: Vec<String> = std::fs::read_dir(image.rootfs())?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<std::io::Result<_>>()?;
-    assert_eq!(files, vec!["etcdfleet".to_string()]);
+    // FROM scratch: the layer holds the binary and the CA bundle, nothing else.
+    assert_eq!(
+        files_under(&image.rootfs())?,
+        vec![CA_BUNDLE.to_string(), "etcdfleet".to_string()]
+    );
+    assert!(
+        manifest["Labels"]["dev.etcdfleet.ca-certificates.version"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty()),
+        "the image names the ca-certificates version it carries"
+    );
     let size: u64 = std::fs::read_dir(image.layout().join("blobs/sha256"))?
         .map(|e| e.and_then(|e| e.metadata()).map(|m| m.len()))
         .sum::<std::io::Result<u64>>()?;
@@ -126,6 +137,104 @@ fn standard_tools_read_the_image_and_it_carries_the_release_tag() -> Result<()> 
         deployment.contains(&format!("image: {}", image.reference())),
         "config/manager/deployment.yaml does not deploy {}",
         image.reference()
+    );
+    Ok(())
+}
+
+/// Where the image holds its CA bundle: the first file openssl-probe (under
+/// rustls-native-certs, under the object-store client) looks for on Linux.
+const CA_BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
+/// Debian's CA certificates, one file each; the machine's own additions.
+const DEBIAN_CAS: &str = "/usr/share/ca-certificates/mozilla";
+const LOCAL_CAS: &str = "/usr/local/share/ca-certificates";
+
+/// Every regular file under `root`, as paths relative to it, sorted.
+fn files_under(root: &Path) -> Result<Vec<String>> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let relative = path.strip_prefix(root)?;
+                files.push(relative.to_string_lossy().into_owned());
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The PEM blocks of a file, each trimmed.
+fn pem_certificates(text: &str) -> Vec<String> {
+    text.split_inclusive("-----END CERTIFICATE-----")
+        .filter_map(|block| {
+            block
+                .find("-----BEGIN CERTIFICATE-----")
+                .map(|i| &block[i..])
+        })
+        .map(|block| block.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn the_image_trusts_debians_ca_certificates_and_none_of_the_machines_own() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let bundle_path = image.rootfs().join(CA_BUNDLE);
+    // Read by the controller's user (65532), not only by root.
+    let mode = std::fs::metadata(&bundle_path)?.permissions().mode();
+    assert_eq!(mode & 0o777, 0o644, "{CA_BUNDLE} mode {mode:o}");
+    let bundle = pem_certificates(&std::fs::read_to_string(&bundle_path)?);
+    let mut debian = Vec::new();
+    for entry in std::fs::read_dir(DEBIAN_CAS)? {
+        debian.extend(pem_certificates(&std::fs::read_to_string(entry?.path())?));
+    }
+    assert!(debian.len() > 100, "{} CAs in {DEBIAN_CAS}", debian.len());
+    let mut sorted = bundle.clone();
+    sorted.sort();
+    debian.sort();
+    assert!(sorted == debian, "the bundle is not Debian's Mozilla set");
+    // CAs added on the build machine (update-ca-certificates puts them in
+    // its /etc/ssl/certs bundle) never reach the image.
+    for entry in std::fs::read_dir(LOCAL_CAS).into_iter().flatten() {
+        let path = entry?.path();
+        for local in pem_certificates(&std::fs::read_to_string(&path).unwrap_or_default()) {
+            assert!(
+                !bundle.contains(&local),
+                "{} is in the image",
+                path.display()
+            );
+        }
+    }
+
+    // The binary trusts them in the image's root, as its S3 client loads
+    // them, and none in a root without them (exit 1).
+    let work = tempfile::tempdir()?;
+    let image_root = work.path().join("image");
+    copy_dir(&image.rootfs(), &image_root)?;
+    let out = run(&mut in_root(
+        &image_root,
+        &[],
+        "/etcdfleet",
+        &["ca-certificates"],
+    ))?;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{} CA certificates", bundle.len())
+    );
+    let bare = work.path().join("bare");
+    std::fs::create_dir_all(&bare)?;
+    std::fs::copy(image.rootfs_binary(), bare.join("etcdfleet"))?;
+    let out = in_root(&bare, &[], "/etcdfleet", &["ca-certificates"]).output()?;
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0 CA certificates"
     );
     Ok(())
 }
