@@ -20,6 +20,8 @@
 //!   (`restore_seed.rs` shows etcd serving every key of such a restore),
 //!   from a directory or from an S3 bucket over plain HTTP, which needs no
 //!   CA bundle in the etcd image;
+//! - the seeder command the controller renders for `install-seeder` is a
+//!   program of the image, found as a runtime finds it (no `PATH`);
 //! - the test world's image table runs the seeder from this image.
 
 use std::net::{Ipv4Addr, UdpSocket};
@@ -28,8 +30,10 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use etcdfleet_api::ObjectStoreDestination;
+use etcdfleet_api::{EtcdCluster, ObjectStoreDestination};
 use etcdfleet_controllers::etcd::ClusterClient;
+use etcdfleet_controllers::etcdcluster::resolve::{render_inputs, resolve_own_spec};
+use etcdfleet_controllers::render::{self, RenderProfile};
 use etcdfleet_controllers::restore::seed::{ENV_ACCESS_KEY_ID, ENV_SECRET_ACCESS_KEY};
 use etcdfleet_controllers::store::{Credentials, Store};
 use etcdfleet_tests::etcd_harness::{
@@ -527,6 +531,80 @@ async fn the_seeder_fetches_over_plain_http_in_an_etcd_image_without_ca_certific
     )?;
     eprintln!("seeder over plain HTTP with no CA bundle: restore-seed {seed_time:?}");
     assert_restored(&pod, &out, &sha)
+}
+
+/// A restoring cluster as the controller holds it (`status.restore`).
+const RESTORING: &str = "apiVersion: etcdfleet.dev/v1beta1
+kind: EtcdCluster
+metadata: {name: restored, namespace: team-a, uid: 0b5e7c1e-0000-4000-8000-000000000004}
+spec:
+  clusterRef: {name: restored}
+  version: 3.5.21
+  replicas: 3
+  workloadNamespace: etcd-system
+  storage: {size: 1Gi}
+  tls: {enabled: true}
+  bootstrap:
+    restore: {backupName: nightly}
+status:
+  restore:
+    backupName: nightly
+    destination: {bucket: backups}
+    objectKey: team-a/restored/1.db
+    sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+    seederImage: etcdfleet/controller:v0.2.0
+";
+
+/// The `install-seeder` init container runs in the seeder image (this
+/// one): its program must be a file there, found as a container runtime
+/// finds it. The image sets no `PATH`, so it must be an absolute path.
+#[test]
+fn the_seeder_command_the_controller_renders_is_a_program_of_the_image() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let cluster: EtcdCluster = serde_yaml::from_str(RESTORING)?;
+    let resolution = resolve_own_spec(&cluster.spec)?;
+    let inputs = render_inputs(&cluster, &resolution);
+    let sts = render::statefulset(&inputs, &RenderProfile::default(), 3);
+    let pod = sts
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("a pod spec")?;
+    let install = pod
+        .init_containers
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "install-seeder")
+        .context("a restoring member has install-seeder")?;
+    let program = install.command.unwrap_or_default().remove(0);
+
+    let reference = format!("oci:{}:{}", image.layout().display(), image.tag);
+    let config = json_of(Command::new("skopeo").args(["inspect", "--config", &reference]))?;
+    let env = config["config"]["Env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !env.iter()
+            .any(|e| e.as_str().is_some_and(|e| e.starts_with("PATH="))),
+        "the image sets a PATH now: {env:?}"
+    );
+    assert!(
+        program.starts_with('/'),
+        "install-seeder runs {program:?} by name, but the image sets no PATH"
+    );
+    let file = image.rootfs().join(program.trim_start_matches('/'));
+    let mode = std::fs::metadata(&file)
+        .with_context(|| format!("{program} is not in the image"))?
+        .permissions()
+        .mode();
+    assert!(
+        file.is_file() && mode & 0o111 != 0,
+        "{program}: mode {mode:o}"
+    );
+    Ok(())
 }
 
 #[test]
