@@ -10,9 +10,20 @@
 #      /etc/hosts and /etc/resolv.conf without any shared library
 #      (tests/tests/image.rs proves it in an empty root).
 #   2. umoci (Debian package) writes an OCI image layout: an empty image,
-#      one layer holding /etcdfleet, the config (entrypoint, user 65532,
-#      version labels), tagged v<workspace version>.
+#      one layer holding /etcdfleet and /etc/ssl/certs/ca-certificates.crt,
+#      the config (entrypoint, user 65532, version labels), tagged
+#      v<workspace version>.
 #   3. The binary must be static (no PT_INTERP) or the build fails here.
+#
+# The CA bundle is the Mozilla set of Debian's ca-certificates package
+# (/usr/share/ca-certificates/mozilla, concatenated in name order, as
+# update-ca-certificates writes it), never the build machine's own
+# /etc/ssl/certs, which may hold CAs added locally. It sits where
+# rustls-platform-verifier (through openssl-probe) looks first on Linux, so
+# the S3 client verifies HTTPS endpoints with no SSL_CERT_FILE; a platform
+# that must trust a private CA mounts its own bundle over that path or sets
+# SSL_CERT_FILE in the Deployment. The package's version is a label
+# (dev.etcdfleet.ca-certificates.version).
 #
 # Output: target/image/oci (the OCI layout, tag v<version>), readable by
 # `skopeo inspect oci:target/image/oci:v<version>` or `umoci stat`;
@@ -43,6 +54,9 @@ fail() { echo "image: FAILED: $*" >&2; exit 1; }
 
 command -v umoci >/dev/null 2>&1 || fail "umoci is missing (Debian package umoci; hack/install-tools.sh installs it)"
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || fail "glibc's static libc.a is missing (Debian package libc6-dev)"
+ca_dir=/usr/share/ca-certificates/mozilla
+ls "$ca_dir"/*.crt >/dev/null 2>&1 || fail "$ca_dir holds no certificate (Debian package ca-certificates)"
+ca_version=$(dpkg-query -W -f='${Version}' ca-certificates 2>/dev/null) || fail "the ca-certificates package is not installed"
 
 version=$(awk '/^\[workspace.package\]/ {p=1; next} /^\[/ {p=0} p && $1 == "version" {gsub(/"/, "", $3); print $3; exit}' "$source_dir/Cargo.toml")
 [ -n "$version" ] || fail "no [workspace.package] version in $source_dir/Cargo.toml"
@@ -78,7 +92,11 @@ umoci init --layout "$layout"
 umoci new --image "$layout:$tag"
 umoci unpack --image "$layout:$tag" "$bundle/b" >/dev/null
 install -m 0755 "$out/etcdfleet" "$bundle/b/rootfs/etcdfleet"
-umoci repack --image "$layout:$tag" --history.created_by "hack/build-image.sh: /etcdfleet" "$bundle/b"
+mkdir -p "$bundle/b/rootfs/etc/ssl/certs"
+(LC_ALL=C; for crt in "$ca_dir"/*.crt; do sed -e '$a\' "$crt"; done) >"$bundle/b/rootfs/etc/ssl/certs/ca-certificates.crt"
+chmod 0644 "$bundle/b/rootfs/etc/ssl/certs/ca-certificates.crt"
+umoci repack --image "$layout:$tag" \
+  --history.created_by "hack/build-image.sh: /etcdfleet, /etc/ssl/certs/ca-certificates.crt (ca-certificates $ca_version)" "$bundle/b"
 umoci config --image "$layout:$tag" \
   --os linux --architecture amd64 \
   --config.entrypoint /etcdfleet --config.cmd run \
@@ -86,6 +104,7 @@ umoci config --image "$layout:$tag" \
   --config.label "org.opencontainers.image.title=etcdfleet controller" \
   --config.label "org.opencontainers.image.version=$version" \
   --config.label "org.opencontainers.image.revision=$revision" \
+  --config.label "dev.etcdfleet.ca-certificates.version=$ca_version" \
   --history.created_by "hack/build-image.sh: entrypoint /etcdfleet"
 umoci gc --layout "$layout"
 # The test world runs the seeder from the image's own bits: unpacked here

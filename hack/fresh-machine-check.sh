@@ -21,8 +21,11 @@ sudo_cmd=()
 
 # Everything hack/install-tools.sh installs (Debian part; PyPI part below),
 # and kubernetes-client, which earlier releases of it installed. util-linux
-# and iproute2 are part of a minimal Debian system and stay.
-packages=(protobuf-compiler libprotobuf-dev etcd-server etcd-client kubernetes-client umoci skopeo prometheus)
+# and iproute2 are part of a minimal Debian system and stay; so do gcc,
+# iptables, ca-certificates and containernetworking-plugins (install-tools.sh
+# installs them when missing, but other software on the machine uses them).
+packages=(protobuf-compiler libprotobuf-dev etcd-server etcd-client kubernetes-client umoci skopeo prometheus
+  containerd runc docker-registry)
 
 echo "fresh-machine: removing ${packages[*]} and $root/.tools"
 export DEBIAN_FRONTEND=noninteractive

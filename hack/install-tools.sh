@@ -11,16 +11,23 @@
 #     loopback, in its own virtualenv .tools/moto-venv/ (never into the
 #     machine's Python, whose other packages pin other boto versions).
 #   - umoci and skopeo (Debian), which write and read the controller's OCI
-#     image (make image), and libc6-dev / binutils for its static binary;
+#     image (make image), libc6-dev / binutils for its static binary, and
+#     ca-certificates, whose Mozilla set is the image's CA bundle;
 #   - promtool (Debian prometheus), which parses and tests the shipped alert
 #     rules;
+#   - the real nodes' runtime (tests/src/real_node/): containerd 1.6, runc,
+#     the CNI plugins (bridge, host-local, loopback, portmap) and the CNCF
+#     distribution registry (Debian docker-registry); their services are
+#     never started (a policy-rc.d denies it during the install): the tests
+#     run each of them as a process of their own;
 #   - upstream binaries built with the machine's Go from the Go module proxy
 #     (hack/upstream/build.sh, cached outside the clone, keyed by version):
 #     kube-apiserver, kube-controller-manager, kube-scheduler and kubectl of
 #     the pinned Kubernetes -> .tools/kubernetes (the real control-plane
 #     tier; its kubectl also renders the stage overlays in
 #     tests/tests/deploy.rs), and etcd/etcdctl/etcdutl of each pinned etcd
-#     -> .tools/etcd-v*.
+#     -> .tools/etcd-v*, and for the real nodes kubelet, CoreDNS, the pause
+#     image and the etcd images (hack/upstream/node-images.sh).
 # Then it proves each tool does its job (not just that it starts); a broken
 # install fails here, naming the package, before cargo starts.
 # Re-running it when everything is present does nothing but check.
@@ -60,14 +67,44 @@ command -v readelf >/dev/null 2>&1 || need_apt+=(binutils)
 # alert rules' tests (tests/tests/observability.rs). The package's service is
 # not started by the install.
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# The real nodes (tests/src/real_node/): one containerd per kubelet, runc
+# under it, pod networks from the CNI bridge and host-local plugins, images
+# pulled from a registry the test runs on loopback. gcc links the static
+# pause binary of the sandbox image.
+[ -x /usr/bin/containerd ] || need_apt+=(containerd)
+[ -x /usr/sbin/runc ] || need_apt+=(runc)
+for plugin in bridge host-local loopback portmap; do
+  [ -x "/usr/lib/cni/$plugin" ] || { need_apt+=(containernetworking-plugins); break; }
+done
+[ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
+# The controller image carries the Mozilla set of Debian's ca-certificates
+# (make image: /usr/share/ca-certificates/mozilla); the etcd test images the
+# machine's bundle, as upstream's base carries one.
+if [ ! -f /etc/ssl/certs/ca-certificates.crt ] || ! ls /usr/share/ca-certificates/mozilla/*.crt >/dev/null 2>&1; then
+  need_apt+=(ca-certificates)
+fi
+# The kubernetes Service's one translation rule in a real-node world's own
+# network namespace (there is no kube-proxy).
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-tools: installing Debian packages: ${need_apt[*]}"
   sudo_cmd=()
   [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
   export DEBIAN_FRONTEND=noninteractive
+  # containerd and docker-registry ship services: the tests run their own
+  # processes, so none may start on install (Debian's policy-rc.d protocol:
+  # exit 101 = "not allowed"). An existing policy is left as it is.
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    own_policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | "${sudo_cmd[@]}" tee "$own_policy" >/dev/null
+    "${sudo_cmd[@]}" chmod 0755 "$own_policy"
+  fi
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  [ -z "$own_policy" ] || "${sudo_cmd[@]}" rm -f "$own_policy"
 fi
 
 if [ ! -x "$etcd35_dir/etcd" ] || [ ! -x "$etcd35_dir/etcdutl" ] || [ ! -x "$etcd35_dir/etcdctl" ]; then
@@ -100,8 +137,9 @@ if [ ! -x "$moto_venv/bin/moto_server" ] || ! "$moto_venv/bin/python" -c "import
 fi
 
 # Kubernetes and current etcd releases, from their Go modules (each binary
-# proves its version there).
+# proves its version there), then the real nodes' images made from them.
 "$root/hack/upstream/build.sh"
+"$root/hack/upstream/node-images.sh"
 
 # --- Prove each tool does its job -------------------------------------------
 check_dir=$(mktemp -d)
@@ -182,3 +220,42 @@ for stage in crd stages/dev stages/staging stages/prod; do
   [ ! -s "$check_dir/kustomize.err" ] || { cat "$check_dir/kustomize.err" >&2; fail "kubectl kustomize warns on config/$stage"; }
 done
 echo "install-tools: ok kubectl kustomize renders config/crd and config/stages/{dev,staging,prod}"
+
+# The real nodes' runtime (tests/src/real_node/): containerd 1.6 must start
+# on a root of its own (in a PID and mount namespace of its own, as the
+# tests run it) and answer its API; the registry must take the sandbox image
+# from its OCI layout and give it back; the CNI plugins must speak CNI.
+check_version /usr/bin/containerd --version "containerd" "Debian containerd"
+/usr/bin/containerd --version | grep -q ' 1\.6\.' || fail "containerd is not 1.6 (Debian containerd): $(/usr/bin/containerd --version)"
+check_version /usr/sbin/runc --version "runc version" "Debian runc"
+for plugin in bridge host-local loopback portmap; do
+  CNI_COMMAND=VERSION "/usr/lib/cni/$plugin" </dev/null 2>&1 | grep -q '"1.0.0"' ||
+    fail "/usr/lib/cni/$plugin does not speak CNI 1.0.0 (Debian containernetworking-plugins)"
+done
+echo "install-tools: ok CNI plugins bridge, host-local, loopback, portmap speak CNI 1.0.0"
+ctrd="$check_dir/containerd"
+mkdir -p "$ctrd"
+printf 'version = 2\nroot = "%s/root"\nstate = "%s/state"\n[grpc]\n  address = "%s/sock"\n' "$ctrd" "$ctrd" "$ctrd" >"$ctrd/config.toml"
+ctrd_version=$(unshare --pid --fork --kill-child --mount-proc bash -c '
+  containerd --config "$1/config.toml" >"$1/log" 2>&1 &
+  for _ in $(seq 1 100); do ctr --address "$1/sock" version 2>/dev/null | grep -A1 "^Server" | tail -1 && exit 0; sleep 0.1; done
+  exit 1' bash "$ctrd") || { tail -5 "$ctrd/log" >&2; fail "containerd does not start and serve its API (Debian containerd)"; }
+echo "install-tools: ok containerd serves its API ($(echo $ctrd_version))"
+reg_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+printf 'version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s/registry\nhttp:\n  addr: 127.0.0.1:%s\n' "$check_dir" "$reg_port" >"$check_dir/registry.yml"
+/usr/bin/docker-registry serve "$check_dir/registry.yml" >"$check_dir/registry.log" 2>&1 &
+reg_pid=$!
+pause_dir=$(readlink -f "$tools"/node-images/pause-*)
+pause_tag=$(sed 's/.*://' "$pause_dir/name")
+reg_ok=0
+for _ in $(seq 1 50); do
+  if skopeo copy --quiet --dest-tls-verify=false "oci:$pause_dir/oci:$pause_tag" "docker://127.0.0.1:$reg_port/pause:$pause_tag" 2>"$check_dir/skopeo.err" &&
+    skopeo inspect --tls-verify=false "docker://127.0.0.1:$reg_port/pause:$pause_tag" >/dev/null 2>>"$check_dir/skopeo.err"; then
+    reg_ok=1; break
+  fi
+  sleep 0.2
+done
+kill "$reg_pid" 2>/dev/null || true
+wait "$reg_pid" 2>/dev/null || true
+[ "$reg_ok" = 1 ] || { tail -5 "$check_dir/skopeo.err" "$check_dir/registry.log" >&2; fail "docker-registry does not take and serve an image (Debian docker-registry)"; }
+echo "install-tools: ok $(/usr/bin/docker-registry --version | cut -d' ' -f3) serves the sandbox image pushed by skopeo"

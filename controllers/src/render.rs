@@ -58,6 +58,12 @@ const PEER_TLS_MOUNT: &str = "/etc/etcd/tls/peer";
 /// Where the restore seeder is copied to (an `emptyDir` shared by the two
 /// init containers of a restoring member).
 pub const SEEDER_MOUNT: &str = "/opt/etcdfleet";
+/// Where the seeder image (the controller's, `hack/build-image.sh`) holds
+/// the etcdfleet binary. `install-seeder` runs it by this path: the image
+/// sets no `PATH`, and `/` is on no runtime's default one. Every image the
+/// project built holds the binary there, so a restore record naming an
+/// older release's image runs too.
+pub const SEEDER_IMAGE_BINARY: &str = "/etcdfleet";
 /// Keys of the restore credentials Secret in the workload namespace.
 pub const RESTORE_CREDENTIAL_KEYS: [(&str, &str); 3] = [
     ("accessKeyId", "ETCDFLEET_RESTORE_ACCESS_KEY_ID"),
@@ -481,7 +487,7 @@ fn restore_init_containers(
         image: Some(record.seeder_image.clone()),
         image_pull_policy: Some("IfNotPresent".to_string()),
         command: Some(vec![
-            "etcdfleet".to_string(),
+            SEEDER_IMAGE_BINARY.to_string(),
             "install-seeder".to_string(),
             seeder.clone(),
         ]),
@@ -1011,6 +1017,27 @@ mod tests {
     }
 
     #[test]
+    fn a_statefulset_whose_seeder_ran_etcdfleet_by_name_is_current() {
+        // Releases before v0.2.0 rendered `etcdfleet install-seeder ...`,
+        // which no image can run (the binary is /etcdfleet, the image sets
+        // no PATH). The command is outside every hash and drift: a
+        // StatefulSet they wrote is not rewritten, its members not rolled.
+        let mut i = inputs();
+        i.restore = Some(a_restore_record());
+        let mut old = statefulset(&i, &RenderProfile::default(), 3);
+        let pod = old.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+        let install = &mut pod.init_containers.as_mut().unwrap()[0];
+        assert_eq!(install.name, "install-seeder");
+        assert_eq!(install.command.as_ref().unwrap()[0], SEEDER_IMAGE_BINARY);
+        install.command.as_mut().unwrap()[0] = "etcdfleet".into();
+        assert_eq!(drift(&old, &i), None);
+        assert_eq!(
+            statefulset_template_hash(&old),
+            statefulset_template_hash(&statefulset(&i, &RenderProfile::default(), 3))
+        );
+    }
+
+    #[test]
     fn bootstrap_only_inputs_change_no_hash_and_a_recorded_token_is_kept() {
         let a = inputs();
         let sts = statefulset(&a, &RenderProfile::default(), 3);
@@ -1202,7 +1229,7 @@ mod tests {
         assert_eq!(inits[0].image.as_deref(), Some("etcdfleet/controller:v1"));
         assert_eq!(
             inits[0].command.as_deref().unwrap(),
-            ["etcdfleet", "install-seeder", "/opt/etcdfleet/etcdfleet"]
+            ["/etcdfleet", "install-seeder", "/opt/etcdfleet/etcdfleet"]
         );
         assert_eq!(inits[1].image, Some(restoring.image.clone()));
         let args = inits[1].args.clone().unwrap();

@@ -7,8 +7,15 @@
 //! local directory. Uploads stream through a multipart writer holding at most
 //! [`PART_SIZE`] × ([`UPLOAD_CONCURRENCY`] + 1) bytes, whatever the snapshot's
 //! size; reads stream too.
+//!
+//! The S3 client verifies HTTPS endpoints with the system's CA certificates
+//! (reqwest's rustls-platform-verifier), which it refuses to build without,
+//! even for an endpoint that never speaks TLS. A process with none (an etcd
+//! image the restore seeder runs in, an image without a bundle) therefore
+//! builds its client without them for a plain-HTTP endpoint, and refuses an
+//! HTTPS one by name ([`StoreError::NoCaCertificates`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use etcdfleet_api::ObjectStoreDestination;
 use futures::StreamExt;
@@ -18,7 +25,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::buffered::BufWriter;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload};
 use ring::digest::{Context as Digest, SHA256};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
@@ -39,6 +46,11 @@ pub enum StoreError {
     Credentials(String, String),
     #[error("destination: {0}")]
     Config(String),
+    #[error(
+        "no CA certificates on this system to verify {0} (none in /etc/ssl/certs/ca-certificates.crt \
+         or the other usual bundles, SSL_CERT_FILE or SSL_CERT_DIR)"
+    )]
+    NoCaCertificates(String),
     #[error("object {key}: {source}")]
     Object {
         key: String,
@@ -59,6 +71,7 @@ impl StoreError {
         match self {
             StoreError::Credentials(..) => "CredentialsUnavailable",
             StoreError::Config(_) => "InvalidDestination",
+            StoreError::NoCaCertificates(_) => "NoCACertificates",
             StoreError::Object { .. } => "ObjectStoreError",
             StoreError::NotFound(_) => "ObjectNotFound",
             StoreError::Integrity { .. } => "ChecksumMismatch",
@@ -156,6 +169,45 @@ pub async fn read_credentials(
     }))
 }
 
+/// How many of the system's CA certificates the S3 client's verifier would
+/// trust, loaded as it loads them (rustls-native-certs: `SSL_CERT_FILE` /
+/// `SSL_CERT_DIR`, else the bundle openssl-probe finds,
+/// `/etc/ssl/certs/ca-certificates.crt` first on Linux), once per process.
+pub fn system_ca_certificates() -> usize {
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        let loaded = rustls_native_certs::load_native_certs();
+        let (parsed, _ignored) =
+            rustls::RootCertStore::empty().add_parsable_certificates(loaded.certs);
+        parsed
+    })
+}
+
+/// Whether an S3 client of `destination` is built with the system's CA
+/// certificates (true) or without (false, only where no TLS is spoken), in
+/// a process that has `system_cas` of them.
+fn with_system_cas(
+    destination: &ObjectStoreDestination,
+    system_cas: usize,
+) -> Result<bool, StoreError> {
+    if system_cas > 0 {
+        return Ok(true);
+    }
+    match destination.endpoint.as_deref() {
+        Some(e)
+            if e.get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("http://")) =>
+        {
+            Ok(false)
+        }
+        Some(e) => Err(StoreError::NoCaCertificates(e.to_string())),
+        None => Err(StoreError::NoCaCertificates(format!(
+            "https://s3.{}.amazonaws.com",
+            destination.region.as_deref().unwrap_or("us-east-1")
+        ))),
+    }
+}
+
 /// An opened destination.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -172,7 +224,11 @@ impl Store {
     ) -> Result<Store, StoreError> {
         match (&destination.bucket, &destination.path) {
             (Some(bucket), None) => {
+                let system_cas = with_system_cas(destination, system_ca_certificates())?;
+                // First: the setters below change these options.
+                let options = ClientOptions::new().with_no_system_certificates(!system_cas);
                 let mut b = AmazonS3Builder::new()
+                    .with_client_options(options)
                     .with_bucket_name(bucket)
                     .with_region(destination.region.as_deref().unwrap_or("us-east-1"))
                     .with_virtual_hosted_style_request(
@@ -433,5 +489,32 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(Store::open(&s3, None).unwrap().location, "s3://b");
+    }
+
+    #[test]
+    fn without_system_cas_only_a_plain_http_endpoint_gets_a_client() {
+        let at = |endpoint: Option<&str>| ObjectStoreDestination {
+            bucket: Some("b".into()),
+            endpoint: endpoint.map(String::from),
+            region: Some("eu-west-1".into()),
+            ..Default::default()
+        };
+        // With system CAs, every endpoint verifies with them.
+        for endpoint in [None, Some("https://minio:9000"), Some("http://minio:9000")] {
+            assert!(with_system_cas(&at(endpoint), 142).unwrap());
+        }
+        // Without: a plain-HTTP endpoint speaks no TLS and needs none.
+        for endpoint in ["http://10.0.0.1:9000", "HTTP://minio.svc:9000"] {
+            assert!(!with_system_cas(&at(Some(endpoint)), 0).unwrap());
+        }
+        // An HTTPS one could verify nothing: refused by name, not a builder error.
+        let e = with_system_cas(&at(Some("https://minio:9000")), 0).unwrap_err();
+        assert_eq!(e.reason(), "NoCACertificates");
+        assert!(e.to_string().contains("https://minio:9000"), "{e}");
+        let e = with_system_cas(&at(None), 0).unwrap_err();
+        assert!(
+            e.to_string().contains("https://s3.eu-west-1.amazonaws.com"),
+            "{e}"
+        );
     }
 }

@@ -4,9 +4,11 @@
 # links each set into .tools/:
 #
 #   kubernetes/       kube-apiserver, kube-controller-manager, kube-scheduler,
-#                     kubectl           -> .tools/kubernetes
+#                     kubectl, kubelet  -> .tools/kubernetes
 #   kubernetes-*/     the same for another pin (only when asked: build.sh kubernetes-oldest)
 #   etcd-*/           etcd, etcdctl, etcdutl -> .tools/<dir>
+#   coredns/          coredns with the plugins the real nodes' cluster DNS
+#                     uses (its own main.go) -> .tools/coredns
 #
 # Binaries are cached outside the clone, keyed by the module version and the
 # Go version (ETCDFLEET_CACHE, default ~/.cache/etcdfleet/upstream), so a
@@ -26,7 +28,7 @@ fail() { echo "upstream: FAILED: $*" >&2; exit 1; }
 
 # The version a wrapper pins: the require line of its main upstream module.
 pinned() { # <dir> <module>
-  awk -v m="$2" '$1 == m { print $2; exit }' "$here/$1/go.mod"
+  awk -v m="$2" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$here/$1/go.mod"
 }
 
 check_version() { # <binary> <expected text> <args...>
@@ -38,27 +40,32 @@ check_version() { # <binary> <expected text> <args...>
 }
 
 build_kubernetes() { # <dir>
-  local dir=$1 version out minor ldflags pkg
+  local dir=$1 version out minor ldflags pkg missing=()
   version=$(pinned "$dir" k8s.io/kubernetes)
   [ -n "$version" ] || fail "$dir/go.mod requires no k8s.io/kubernetes"
   out="$cache/kubernetes-$version-$gover"
-  if [ ! -f "$out/.complete" ]; then
-    echo "upstream: building Kubernetes $version with $gover into $out (cold: about 15 minutes on 2 cores)"
+  # Binaries are added one by one to the cached set: a cache built before
+  # kubelet joined the set gets kubelet alone (about 5 more minutes, cold).
+  for pkg in "${kubernetes_binaries[@]}"; do
+    [ -f "$out/.complete" ] && [ -x "$out/$pkg" ] || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "upstream: building ${missing[*]} of Kubernetes $version with $gover into $out (cold: about 20 minutes on 2 cores)"
     minor=${version#v1.}; minor=${minor%%.*}
     ldflags="-s -w"
     for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
       ldflags+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
       ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
     done
-    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
-    for pkg in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-      (cd "$here/$dir" && go build -trimpath -ldflags "$ldflags" -o "$out.tmp/$pkg" "k8s.io/kubernetes/cmd/$pkg") ||
+    mkdir -p "$out"
+    for pkg in "${missing[@]}"; do
+      (cd "$here/$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$pkg.tmp" "k8s.io/kubernetes/cmd/$pkg") ||
         fail "go build k8s.io/kubernetes/cmd/$pkg ($dir)"
+      mv "$out/$pkg.tmp" "$out/$pkg"
     done
-    touch "$out.tmp/.complete"
-    rm -rf "$out" && mv "$out.tmp" "$out"
+    touch "$out/.complete"
   fi
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
     check_version "$out/$b" "Kubernetes $version" --version
   done
   check_version "$out/kubectl" "Client Version: $version" version --client
@@ -87,15 +94,37 @@ build_etcd() { # <dir>
   link "$out" "etcd-$version"
 }
 
+# CoreDNS from the committed wrapper (its main.go links only the plugins the
+# real nodes' Corefile names), static like the other binaries.
+build_coredns() { # <dir>
+  local dir=$1 version out
+  version=$(pinned "$dir" github.com/coredns/coredns)
+  [ -n "$version" ] || fail "$dir/go.mod requires no github.com/coredns/coredns"
+  # main.go's plugin list is part of the key.
+  out="$cache/coredns-$version-$(sha256sum "$here/$dir/main.go" | cut -c1-12)-$gover"
+  if [ ! -f "$out/.complete" ]; then
+    echo "upstream: building CoreDNS $version with $gover into $out"
+    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+    (cd "$here/$dir" && go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$version" \
+      -o "$out.tmp/coredns" .) || fail "go build of CoreDNS $version ($dir)"
+    touch "$out.tmp/.complete"
+    rm -rf "$out" && mv "$out.tmp" "$out"
+  fi
+  check_version "$out/coredns" "CoreDNS-${version#v}" -version
+  check_version "$out/coredns" "kubernetes" -plugins
+  link "$out" coredns
+}
+
 # .tools/<name> -> the cached directory (replaced atomically).
 link() { # <target> <name>
   mkdir -p "$root/.tools"
   ln -sfn "$1" "$root/.tools/$2.tmp" && mv -T "$root/.tools/$2.tmp" "$root/.tools/$2"
 }
 
+kubernetes_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 dirs=("$@")
 if [ ${#dirs[@]} -eq 0 ]; then
-  dirs=(kubernetes)
+  dirs=(kubernetes coredns)
   for d in "$here"/etcd-*/; do dirs+=("$(basename "$d")"); done
 fi
 command -v go >/dev/null 2>&1 || fail "go is not installed (the machines come with Go 1.26)"
@@ -104,6 +133,7 @@ for d in "${dirs[@]}"; do
   case "$d" in
   kubernetes*) build_kubernetes "$d" ;;
   etcd-*) build_etcd "$d" ;;
+  coredns) build_coredns "$d" ;;
   *) fail "unknown wrapper $d" ;;
   esac
 done

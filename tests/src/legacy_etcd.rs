@@ -118,7 +118,7 @@ impl LegacyEtcd {
         };
         let legacy = LegacyEtcd {
             workload: workload.to_string(),
-            network: pod_network(world.workload(workload).runtime.clone()),
+            network: pod_network(world.workload(workload).runtime().clone()),
             ca,
             peer_ca,
         };
@@ -187,7 +187,7 @@ impl LegacyEtcd {
 
     /// `https://<pod IP>:2379` of each old member the kubelet runs.
     pub fn endpoints(&self, world: &KubeWorld) -> Vec<String> {
-        let runtime = &world.workload(&self.workload).runtime;
+        let runtime = world.workload(&self.workload).runtime();
         (0..LEGACY_MEMBERS)
             .filter_map(|o| runtime.pod_ip(WORKLOAD_NS, &legacy_pod(o)))
             .map(|ip| format!("https://{ip}:2379"))
@@ -213,7 +213,7 @@ impl LegacyEtcd {
             ensure!(
                 std::time::Instant::now() < deadline,
                 "the old cluster did not become healthy: {last}\n{}",
-                world.workload(&self.workload).runtime.all_pod_logs(20)
+                world.workload(&self.workload).runtime().all_pod_logs(20)
             );
             tokio::time::sleep(Duration::from_millis(300)).await;
         }

@@ -13,6 +13,7 @@ pub mod legacy_etcd;
 pub mod otlp;
 pub mod portforward;
 pub mod portforward_ws;
+pub mod real_node;
 pub mod release;
 pub mod runtime;
 pub mod s3;

@@ -21,6 +21,8 @@ pub const SECRET_ACCESS_KEY: &str = "etcdfleet-test-secret";
 pub struct S3Server {
     child: Child,
     pub port: u16,
+    /// The host in [`S3Server::endpoint`]: loopback, or the pods' gateway.
+    host: String,
     _log: tempfile::TempDir,
 }
 
@@ -40,6 +42,22 @@ impl S3Server {
     /// Starts the server, or `None` after a loud `SKIPPED:` line when
     /// `moto_server` is missing (a panic under `ETCDFLEET_REQUIRE_ETCD=1`).
     pub fn start() -> Option<S3Server> {
+        Self::start_on("127.0.0.1", "127.0.0.1")
+    }
+
+    /// As [`S3Server::start`], reachable from the pods of real nodes too:
+    /// listening on every address of the test's own network namespace
+    /// ([`crate::real_node::run_isolated`], where alone it may be called),
+    /// its endpoint the pods' gateway (restore seeders download from it).
+    pub fn start_for_pods() -> Option<S3Server> {
+        assert!(
+            crate::real_node::in_own_network().unwrap_or(false),
+            "S3Server::start_for_pods outside run_isolated would listen on the machine's addresses"
+        );
+        Self::start_on("0.0.0.0", &crate::real_node::network::GATEWAY.to_string())
+    }
+
+    fn start_on(bind: &str, host: &str) -> Option<S3Server> {
         let found = Command::new(moto_server())
             .arg("--help")
             .stdout(Stdio::null())
@@ -60,18 +78,18 @@ impl S3Server {
             eprintln!("SKIPPED: {message}");
             return None;
         }
-        match Self::launch() {
+        match Self::launch(bind, host) {
             Ok(s) => Some(s),
             Err(e) => panic!("moto_server is installed but did not start: {e:#}"),
         }
     }
 
-    fn launch() -> Result<S3Server> {
+    fn launch(bind: &str, host: &str) -> Result<S3Server> {
         let port = free_ports(1)?[0];
         let log = tempfile::tempdir()?;
         let out = std::fs::File::create(log.path().join("moto.log"))?;
         let child = Command::new(moto_server())
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-H", bind, "-p", &port.to_string()])
             .stdout(out.try_clone()?)
             .stderr(out)
             .spawn()
@@ -79,6 +97,7 @@ impl S3Server {
         let server = S3Server {
             child,
             port,
+            host: host.to_string(),
             _log: log,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -92,7 +111,7 @@ impl S3Server {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
     /// Creates a bucket (moto accepts the unsigned `PUT /<bucket>`).

@@ -2,7 +2,12 @@
 //!
 //! - standard tools read it: `skopeo inspect` (manifest and config) and
 //!   `umoci` (the tag in the layout); it is tagged with the workspace version,
-//!   the tag the manifests deploy, and holds one layer with one file;
+//!   the tag the manifests deploy, and holds one layer with two files: the
+//!   binary and a CA bundle;
+//! - the bundle is the Mozilla set of Debian's `ca-certificates`, where the
+//!   object-store client looks for it, and none of the build machine's own
+//!   CAs: the binary trusts those certificates in the image's root, and
+//!   none in a root without them;
 //! - its binary is static and runs in an empty root: it starts there, and
 //!   resolves names from `/etc/hosts` and through `/etc/resolv.conf` (a DNS
 //!   server of the test on a loopback address), as the controller must for
@@ -12,7 +17,11 @@
 //!   copies the binary into an emptyDir, and `restore-seed` runs that copy
 //!   inside a bare etcd image layout (nothing but `etcdutl`, no libc, no
 //!   shell) and restores a real etcd 3.5 snapshot into the data volume
-//!   (`restore_seed.rs` shows etcd serving every key of such a restore);
+//!   (`restore_seed.rs` shows etcd serving every key of such a restore),
+//!   from a directory or from an S3 bucket over plain HTTP, which needs no
+//!   CA bundle in the etcd image;
+//! - the seeder command the controller renders for `install-seeder` is a
+//!   program of the image, found as a runtime finds it (no `PATH`);
 //! - the test world's image table runs the seeder from this image.
 
 use std::net::{Ipv4Addr, UdpSocket};
@@ -21,14 +30,18 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use etcdfleet_api::ObjectStoreDestination;
+use etcdfleet_api::{EtcdCluster, ObjectStoreDestination};
 use etcdfleet_controllers::etcd::ClusterClient;
-use etcdfleet_controllers::store::Store;
+use etcdfleet_controllers::etcdcluster::resolve::{render_inputs, resolve_own_spec};
+use etcdfleet_controllers::render::{self, RenderProfile};
+use etcdfleet_controllers::restore::seed::{ENV_ACCESS_KEY_ID, ENV_SECRET_ACCESS_KEY};
+use etcdfleet_controllers::store::{Credentials, Store};
 use etcdfleet_tests::etcd_harness::{
     ClusterOptions, EtcdBinary, EtcdVersion, LocalEtcdCluster, random_u64, require_etcd,
 };
 use etcdfleet_tests::image::{BuiltImage, require_image};
 use etcdfleet_tests::runtime::{ImageTable, SEEDER_IMAGE};
+use etcdfleet_tests::s3::{ACCESS_KEY_ID, S3Server, SECRET_ACCESS_KEY};
 use serde_json::Value;
 
 fn run(cmd: &mut Command) -> Result<Output> {
@@ -98,11 +111,17 @@ fn standard_tools_read_the_image_and_it_carries_the_release_tag() -> Result<()> 
         .arg(image.layout()))?;
     assert_eq!(String::from_utf8_lossy(&tags.stdout).trim(), image.tag);
 
-    // FROM scratch: the layer holds the binary and nothing else.
-    let files: Vec<String> = std::fs::read_dir(image.rootfs())?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<std::io::Result<_>>()?;
-    assert_eq!(files, vec!["etcdfleet".to_string()]);
+    // FROM scratch: the layer holds the binary and the CA bundle, nothing else.
+    assert_eq!(
+        files_under(&image.rootfs())?,
+        vec![CA_BUNDLE.to_string(), "etcdfleet".to_string()]
+    );
+    assert!(
+        manifest["Labels"]["dev.etcdfleet.ca-certificates.version"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty()),
+        "the image names the ca-certificates version it carries"
+    );
     let size: u64 = std::fs::read_dir(image.layout().join("blobs/sha256"))?
         .map(|e| e.and_then(|e| e.metadata()).map(|m| m.len()))
         .sum::<std::io::Result<u64>>()?;
@@ -122,6 +141,104 @@ fn standard_tools_read_the_image_and_it_carries_the_release_tag() -> Result<()> 
         deployment.contains(&format!("image: {}", image.reference())),
         "config/manager/deployment.yaml does not deploy {}",
         image.reference()
+    );
+    Ok(())
+}
+
+/// Where the image holds its CA bundle: the first file openssl-probe (under
+/// rustls-native-certs, under the object-store client) looks for on Linux.
+const CA_BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
+/// Debian's CA certificates, one file each; the machine's own additions.
+const DEBIAN_CAS: &str = "/usr/share/ca-certificates/mozilla";
+const LOCAL_CAS: &str = "/usr/local/share/ca-certificates";
+
+/// Every regular file under `root`, as paths relative to it, sorted.
+fn files_under(root: &Path) -> Result<Vec<String>> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let relative = path.strip_prefix(root)?;
+                files.push(relative.to_string_lossy().into_owned());
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The PEM blocks of a file, each trimmed.
+fn pem_certificates(text: &str) -> Vec<String> {
+    text.split_inclusive("-----END CERTIFICATE-----")
+        .filter_map(|block| {
+            block
+                .find("-----BEGIN CERTIFICATE-----")
+                .map(|i| &block[i..])
+        })
+        .map(|block| block.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn the_image_trusts_debians_ca_certificates_and_none_of_the_machines_own() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let bundle_path = image.rootfs().join(CA_BUNDLE);
+    // Read by the controller's user (65532), not only by root.
+    let mode = std::fs::metadata(&bundle_path)?.permissions().mode();
+    assert_eq!(mode & 0o777, 0o644, "{CA_BUNDLE} mode {mode:o}");
+    let bundle = pem_certificates(&std::fs::read_to_string(&bundle_path)?);
+    let mut debian = Vec::new();
+    for entry in std::fs::read_dir(DEBIAN_CAS)? {
+        debian.extend(pem_certificates(&std::fs::read_to_string(entry?.path())?));
+    }
+    assert!(debian.len() > 100, "{} CAs in {DEBIAN_CAS}", debian.len());
+    let mut sorted = bundle.clone();
+    sorted.sort();
+    debian.sort();
+    assert!(sorted == debian, "the bundle is not Debian's Mozilla set");
+    // CAs added on the build machine (update-ca-certificates puts them in
+    // its /etc/ssl/certs bundle) never reach the image.
+    for entry in std::fs::read_dir(LOCAL_CAS).into_iter().flatten() {
+        let path = entry?.path();
+        for local in pem_certificates(&std::fs::read_to_string(&path).unwrap_or_default()) {
+            assert!(
+                !bundle.contains(&local),
+                "{} is in the image",
+                path.display()
+            );
+        }
+    }
+
+    // The binary trusts them in the image's root, as its S3 client loads
+    // them, and none in a root without them (exit 1).
+    let work = tempfile::tempdir()?;
+    let image_root = work.path().join("image");
+    copy_dir(&image.rootfs(), &image_root)?;
+    let out = run(&mut in_root(
+        &image_root,
+        &[],
+        "/etcdfleet",
+        &["ca-certificates"],
+    ))?;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{} CA certificates", bundle.len())
+    );
+    let bare = work.path().join("bare");
+    std::fs::create_dir_all(&bare)?;
+    std::fs::copy(image.rootfs_binary(), bare.join("etcdfleet"))?;
+    let out = in_root(&bare, &[], "/etcdfleet", &["ca-certificates"]).output()?;
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0 CA certificates"
     );
     Ok(())
 }
@@ -244,52 +361,60 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()> {
-    let Some(image) = require_image() else {
-        return Ok(());
-    };
-    let Some(etcd) = require_etcd(EtcdVersion::V3_5) else {
-        return Ok(());
-    };
-    let etcdutl = etcd.etcdutl.clone().context("etcd 3.5 has etcdutl")?;
-    let work = tempfile::tempdir()?;
-    let store = work.path().join("store");
-    let (size, sha) = snapshot(&etcd, &store).await?;
+/// Where the seeder's two init containers put things, as a pod's volumes:
+/// the emptyDir they share and the member's data volume.
+struct SeedPod {
+    seeder_dir: std::path::PathBuf,
+    data: std::path::PathBuf,
+}
 
-    // The pod's volumes: the emptyDir the two init containers share, and
-    // the member's data volume.
-    let seeder_dir = work.path().join("emptydir");
-    let data = work.path().join("data");
-    std::fs::create_dir_all(&seeder_dir)?;
-    std::fs::create_dir_all(&data)?;
+/// Runs the seeder's two init containers as a pod runs them, each in a root
+/// of its own: `install-seeder` in a root that is the image's file system,
+/// then `restore-seed` of `snap/1.db` from `destination` (JSON) in a bare
+/// etcd image (`etcdutl` and nothing else: no libc, no shell, no CA bundle),
+/// with `env` and `binds` besides the pod's volumes. Returns restore-seed's
+/// output and how long each container took.
+fn seed_in_bare_etcd(
+    image: &BuiltImage,
+    etcdutl: &Path,
+    work: &Path,
+    seed: (&str, u64, &str),
+    env: &[(&str, &str)],
+    binds: &[(&Path, &str)],
+) -> Result<(SeedPod, Output, Duration, Duration)> {
+    let (destination, size, sha) = seed;
+    let pod = SeedPod {
+        seeder_dir: work.join("emptydir"),
+        data: work.join("data"),
+    };
+    std::fs::create_dir_all(&pod.seeder_dir)?;
+    std::fs::create_dir_all(&pod.data)?;
 
     // 1. install-seeder, in a root that is the image's file system.
-    let controller_root = work.path().join("controller-image");
+    let controller_root = work.join("controller-image");
     copy_dir(&image.rootfs(), &controller_root)?;
     let started = Instant::now();
     run(&mut in_root(
         &controller_root,
-        &[(&seeder_dir, "/opt/etcdfleet")],
+        &[(&pod.seeder_dir, "/opt/etcdfleet")],
         "/etcdfleet",
         &["install-seeder", "/opt/etcdfleet/etcdfleet"],
     ))?;
     let install_time = started.elapsed();
 
     // 2. restore-seed, in a bare etcd image: etcdutl and nothing else.
-    let etcd_root = work.path().join("etcd-image");
+    let etcd_root = work.join("etcd-image");
     std::fs::create_dir_all(etcd_root.join("usr/local/bin"))?;
-    std::fs::copy(&etcdutl, etcd_root.join("usr/local/bin/etcdutl"))?;
-    let destination = r#"{"path":"/snapshots"}"#;
+    std::fs::copy(etcdutl, etcd_root.join("usr/local/bin/etcdutl"))?;
     let size_arg = size.to_string();
-    let started = Instant::now();
-    let out = run(&mut in_root(
+    let mut volumes = vec![
+        (&*pod.seeder_dir, "/opt/etcdfleet"),
+        (&*pod.data, "/var/lib/etcd"),
+    ];
+    volumes.extend_from_slice(binds);
+    let mut seed = in_root(
         &etcd_root,
-        &[
-            (&seeder_dir, "/opt/etcdfleet"),
-            (&data, "/var/lib/etcd"),
-            (&store, "/snapshots"),
-        ],
+        &volumes,
         "/opt/etcdfleet/etcdfleet",
         &[
             "restore-seed",
@@ -298,7 +423,7 @@ async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()>
             "--object-key",
             "snap/1.db",
             "--sha256",
-            &sha,
+            sha,
             "--size-bytes",
             &size_arg,
             "--data-dir",
@@ -316,18 +441,168 @@ async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()>
             "--restore-tool",
             "etcdutl",
         ],
-    ))?;
-    let seed_time = started.elapsed();
+    );
+    seed.envs(env.iter().copied());
+    let started = Instant::now();
+    let out = run(&mut seed)?;
+    Ok((pod, out, install_time, started.elapsed()))
+}
+
+/// What a seeded member's data volume holds after a restore of `sha`.
+fn assert_restored(pod: &SeedPod, out: &Output, sha: &str) -> Result<()> {
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Restored"));
+    assert!(pod.data.join("data/member/snap/db").is_file());
+    assert_eq!(
+        std::fs::read_to_string(pod.data.join("data.etcdfleet-restored-from"))?,
+        sha
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_seeder_runs_from_the_image_inside_a_bare_etcd_image() -> Result<()> {
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let Some(etcd) = require_etcd(EtcdVersion::V3_5) else {
+        return Ok(());
+    };
+    let etcdutl = etcd.etcdutl.clone().context("etcd 3.5 has etcdutl")?;
+    let work = tempfile::tempdir()?;
+    let store = work.path().join("store");
+    let (size, sha) = snapshot(&etcd, &store).await?;
+    let (pod, out, install_time, seed_time) = seed_in_bare_etcd(
+        &image,
+        &etcdutl,
+        work.path(),
+        (r#"{"path":"/snapshots"}"#, size, &sha),
+        &[],
+        &[(&store, "/snapshots")],
+    )?;
     eprintln!(
         "seeder from the image: install-seeder {install_time:?}, restore-seed {seed_time:?} \
          ({size} byte snapshot)\n{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Restored"));
-    assert!(data.join("data/member/snap/db").is_file());
-    assert_eq!(
-        std::fs::read_to_string(data.join("data.etcdfleet-restored-from"))?,
-        sha
+    assert_restored(&pod, &out, &sha)
+}
+
+/// The seeder's S3 client in an etcd image that has no CA bundle: a
+/// plain-HTTP endpoint speaks no TLS, so the client is built without the
+/// system's CA certificates instead of failing to build ("builder error").
+#[tokio::test]
+async fn the_seeder_fetches_over_plain_http_in_an_etcd_image_without_ca_certificates() -> Result<()>
+{
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let Some(etcd) = require_etcd(EtcdVersion::V3_5) else {
+        return Ok(());
+    };
+    let Some(s3) = S3Server::start() else {
+        return Ok(());
+    };
+    let etcdutl = etcd.etcdutl.clone().context("etcd 3.5 has etcdutl")?;
+    let work = tempfile::tempdir()?;
+    let local = work.path().join("store");
+    let (size, sha) = snapshot(&etcd, &local).await?;
+    s3.create_bucket("seeds")?;
+    let mut destination = s3.destination("seeds", "unused");
+    destination.prefix = None;
+    destination.credentials_secret_name = None;
+    let credentials = Credentials {
+        access_key_id: ACCESS_KEY_ID.into(),
+        secret_access_key: SECRET_ACCESS_KEY.into(),
+        session_token: None,
+    };
+    Store::open(&destination, Some(&credentials))?
+        .put_small("snap/1.db", std::fs::read(local.join("snap/1.db"))?)
+        .await?;
+    let (pod, out, _, seed_time) = seed_in_bare_etcd(
+        &image,
+        &etcdutl,
+        work.path(),
+        (&serde_json::to_string(&destination)?, size, &sha),
+        &[
+            (ENV_ACCESS_KEY_ID, ACCESS_KEY_ID),
+            (ENV_SECRET_ACCESS_KEY, SECRET_ACCESS_KEY),
+        ],
+        &[],
+    )?;
+    eprintln!("seeder over plain HTTP with no CA bundle: restore-seed {seed_time:?}");
+    assert_restored(&pod, &out, &sha)
+}
+
+/// A restoring cluster as the controller holds it (`status.restore`).
+const RESTORING: &str = "apiVersion: etcdfleet.dev/v1beta1
+kind: EtcdCluster
+metadata: {name: restored, namespace: team-a, uid: 0b5e7c1e-0000-4000-8000-000000000004}
+spec:
+  clusterRef: {name: restored}
+  version: 3.5.21
+  replicas: 3
+  workloadNamespace: etcd-system
+  storage: {size: 1Gi}
+  tls: {enabled: true}
+  bootstrap:
+    restore: {backupName: nightly}
+status:
+  restore:
+    backupName: nightly
+    destination: {bucket: backups}
+    objectKey: team-a/restored/1.db
+    sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+    seederImage: etcdfleet/controller:v0.2.0
+";
+
+/// The `install-seeder` init container runs in the seeder image (this
+/// one): its program must be a file there, found as a container runtime
+/// finds it. The image sets no `PATH`, so it must be an absolute path.
+#[test]
+fn the_seeder_command_the_controller_renders_is_a_program_of_the_image() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(image) = require_image() else {
+        return Ok(());
+    };
+    let cluster: EtcdCluster = serde_yaml::from_str(RESTORING)?;
+    let resolution = resolve_own_spec(&cluster.spec)?;
+    let inputs = render_inputs(&cluster, &resolution);
+    let sts = render::statefulset(&inputs, &RenderProfile::default(), 3);
+    let pod = sts
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("a pod spec")?;
+    let install = pod
+        .init_containers
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "install-seeder")
+        .context("a restoring member has install-seeder")?;
+    let program = install.command.unwrap_or_default().remove(0);
+
+    let reference = format!("oci:{}:{}", image.layout().display(), image.tag);
+    let config = json_of(Command::new("skopeo").args(["inspect", "--config", &reference]))?;
+    let env = config["config"]["Env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !env.iter()
+            .any(|e| e.as_str().is_some_and(|e| e.starts_with("PATH="))),
+        "the image sets a PATH now: {env:?}"
+    );
+    assert!(
+        program.starts_with('/'),
+        "install-seeder runs {program:?} by name, but the image sets no PATH"
+    );
+    let file = image.rootfs().join(program.trim_start_matches('/'));
+    let mode = std::fs::metadata(&file)
+        .with_context(|| format!("{program} is not in the image"))?
+        .permissions()
+        .mode();
+    assert!(
+        file.is_file() && mode & 0o111 != 0,
+        "{program}: mode {mode:o}"
     );
     Ok(())
 }

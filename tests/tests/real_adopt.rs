@@ -85,7 +85,7 @@ fn ours_config(legacy: &LegacyEtcd) -> Result<EtcdConfig> {
 /// `https://<pod IP>:2379` of this cluster's members the kubelet runs.
 fn our_endpoints(world: &KubeWorld, members: u32) -> Vec<String> {
     let names = Names::new(NAME, WORKLOAD_NS);
-    let runtime = &world.workload("w1").runtime;
+    let runtime = world.workload("w1").runtime();
     (0..members)
         .filter_map(|o| runtime.pod_ip(WORKLOAD_NS, &names.pod(o)))
         .map(|ip| format!("https://{ip}:2379"))

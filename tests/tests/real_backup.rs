@@ -104,7 +104,7 @@ spec:
     let logs =
         world
             .workload("w1")
-            .runtime
+            .runtime()
             .pod_log_tail("etcd-system", "restored-etcd-0", usize::MAX);
     assert!(logs.contains("restore-seed"), "no seeder run in:\n{logs}");
     Ok(())

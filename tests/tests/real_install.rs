@@ -16,7 +16,7 @@ async fn real_install_of_the_dev_stage_runs_the_controller_deployment_which_conv
     let Some(world) = installed_world_running(&["w1"]).await? else {
         return Ok(());
     };
-    let logs = || world.management_kubelet.runtime.all_pod_logs(30);
+    let logs = || world.management_kubelet().runtime.all_pod_logs(30);
     world
         .kubectl(&[
             // Not `rollout status`: with one replica and maxUnavailable 1 it
@@ -78,7 +78,7 @@ async fn real_install_section_of_the_readme_runs_verbatim_on_an_empty_cluster() 
         "2",
         "both prod replicas ready; pods: {}\n{}",
         world.kubectl(&["get", "pods", "-n", "etcdfleet-system", "-o", "yaml"])?,
-        world.management_kubelet.runtime.all_pod_logs(40)
+        world.management_kubelet().runtime.all_pod_logs(40)
     );
     let holder = world.kubectl(&[
         "get",

@@ -194,7 +194,7 @@ async fn real_lifecycle_a_wiped_member_is_replaced_and_delete_keeps_the_pvcs() -
     // (the PV's host path), where it cannot rejoin.
     world
         .workload("w1")
-        .runtime
+        .runtime()
         .wipe_pvc(WORKLOAD_NS, "data-shop-etcd-1")
         .await?;
     let log = converge_real(&mut ctl, &["shop"]).await?;

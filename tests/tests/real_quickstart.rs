@@ -4,14 +4,19 @@
 //! EtcdCluster, then the upgrade, backup and restore it shows. The first
 //! block holds the reader's own values; the test supplies its own instead
 //! (its workload cluster's admin kubeconfig, its S3 server). If the README
-//! changes and its commands stop working, this fails.
+//! changes and its commands stop working, this fails. It runs twice: on the
+//! process kubelet, and on real nodes, where the controller the quickstart
+//! installs is a container of the image `make image` built, and the restore
+//! seeder a container of it inside etcd's.
 
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, ensure};
 use etcdfleet_tests::control_plane::readme::{checkout, run_block, sh_blocks};
 use etcdfleet_tests::control_plane::scenario::{put, read_everywhere};
-use etcdfleet_tests::control_plane::{KubeWorld, require_kubernetes};
+use etcdfleet_tests::control_plane::{ADMIN_USER, KubeWorld, RealWorldSpec, require_kubernetes};
+use etcdfleet_tests::image::require_image;
+use etcdfleet_tests::real_node::{NodeImage, require_real_nodes, run_isolated};
 use etcdfleet_tests::s3::S3Server;
 
 const BUCKET: &str = "quickstart-backups";
@@ -39,16 +44,66 @@ async fn real_quickstart_of_the_readme_runs_verbatim_from_an_empty_cluster() -> 
     let Some(s3) = S3Server::start() else {
         return Ok(());
     };
+    let world = KubeWorld::start(binaries, &["w1"]).await?;
+    let kubeconfig = world.workload("w1").plane.admin_kubeconfig();
+    run_quickstart(&world, &s3, &kubeconfig).await
+}
+
+/// Ignored until the controller image can back up and seed a restore. Seen
+/// here on real nodes (the process kubelet runs the image's binary on the
+/// machine, so neither shows there):
+/// - the image has no CA bundle, and the backup's HTTP client (reqwest with
+///   rustls-platform-verifier) refuses to build without system roots even
+///   for a plain-HTTP endpoint: `EtcdBackup` fails with "destination: Generic
+///   HTTP client error: builder error" (with `/etc/ssl/certs` added to the
+///   image the backup block passes);
+/// - the restore's `install-seeder` init container runs `etcdfleet` by name,
+///   but the image holds `/etcdfleet` and sets no `PATH`: the container never
+///   starts (CrashLoopBackOff), so the restore block times out.
+#[test]
+#[ignore = "the controller image has no CA bundle and no PATH to /etcdfleet (see the doc comment)"]
+fn real_node_quickstart_of_the_readme_runs_verbatim_with_the_controller_as_a_pod() {
+    let Some(binaries) = require_kubernetes() else {
+        return;
+    };
+    let Some(tools) = require_real_nodes(&binaries) else {
+        return;
+    };
+    let Some(image) = require_image() else {
+        return;
+    };
+    run_isolated(|| async move {
+        let Some(s3) = S3Server::start_for_pods() else {
+            return Ok(());
+        };
+        let spec = RealWorldSpec {
+            tools: &tools,
+            workload_names: &["w1"],
+            management_nodes: 0,
+            extra_images: vec![],
+        }
+        .with_controller_pod(NodeImage::controller(&image.layout(), &image.tag));
+        let world = KubeWorld::start_real_nodes(binaries, spec).await?;
+        // The reader's admin kubeconfig names the address the controller's
+        // pod reaches the workload cluster at (the quickstart copies it).
+        let kubeconfig = world.workload("w1").plane.kubeconfig_for_pods(ADMIN_USER);
+        let result = run_quickstart(&world, &s3, &kubeconfig).await;
+        result.map_err(|e| {
+            let nodes = world.workload("w1").nodes.real().log_tails(20);
+            e.context(format!("workload nodes:{nodes}"))
+        })
+    });
+}
+
+/// Every block after the reader's values, in a checkout of the manifests,
+/// with the test's workload admin kubeconfig and S3 server as the values.
+async fn run_quickstart(world: &KubeWorld, s3: &S3Server, workload_admin: &str) -> Result<()> {
     s3.create_bucket(BUCKET)?;
     let blocks = quickstart_blocks()?;
-    let world = KubeWorld::start(binaries, &["w1"]).await?;
     let dir = tempfile::tempdir()?;
     checkout(dir.path())?;
     let workload_kubeconfig = dir.path().join("workload-admin.kubeconfig");
-    std::fs::write(
-        &workload_kubeconfig,
-        world.workload("w1").plane.admin_kubeconfig(),
-    )?;
+    std::fs::write(&workload_kubeconfig, workload_admin)?;
     let env: Vec<(String, String)> = [
         (
             "WORKLOAD_KUBECONFIG",
@@ -75,9 +130,9 @@ async fn real_quickstart_of_the_readme_runs_verbatim_from_an_empty_cluster() -> 
     for block in &blocks[1..] {
         if block.contains("etcdbackup.yaml") {
             // Data the restore must bring back.
-            put(&world, "w1", "shop", 3, "before-the-backup").await?;
+            put(world, "w1", "shop", 3, "before-the-backup").await?;
         }
-        run_block(&world, dir.path(), &env, block)?;
+        run_block(world, dir.path(), &env, block)?;
         if available_after.is_none() && block.contains("--for=condition=Available") {
             available_after = Some(started.elapsed());
         }
@@ -95,6 +150,6 @@ async fn real_quickstart_of_the_readme_runs_verbatim_from_an_empty_cluster() -> 
         available_after.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
-    read_everywhere(&world, "w1", "shop-restored", 3, "before-the-backup").await?;
+    read_everywhere(world, "w1", "shop-restored", 3, "before-the-backup").await?;
     Ok(())
 }

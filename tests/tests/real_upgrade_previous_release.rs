@@ -256,7 +256,7 @@ async fn rolled_out(world: &KubeWorld, image: &str) -> Result<(String, String)> 
         if Instant::now() > deadline {
             bail!(
                 "no single ready controller pod of {image}: {items:#?}\n{}",
-                world.management_kubelet.runtime.all_pod_logs(40)
+                world.management_kubelet().runtime.all_pod_logs(40)
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -266,7 +266,7 @@ async fn rolled_out(world: &KubeWorld, image: &str) -> Result<(String, String)> 
 /// Which binary the kubelet runs for the controller's pod `pod`.
 async fn executable(world: &KubeWorld, pod: &str) -> Result<PathBuf> {
     let exe = world
-        .management_kubelet
+        .management_kubelet()
         .runtime
         .pod_executable(CONTROLLER_NS, pod)
         .await
@@ -301,7 +301,7 @@ async fn wait_polls(world: &KubeWorld, ip: &str) -> Result<f64> {
         if Instant::now() > deadline {
             bail!(
                 "{done} reconciles, not {want}, in time:\n{}",
-                world.management_kubelet.runtime.all_pod_logs(60)
+                world.management_kubelet().runtime.all_pod_logs(60)
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -310,7 +310,7 @@ async fn wait_polls(world: &KubeWorld, ip: &str) -> Result<f64> {
 
 /// The varied fleet, created under the previous release and converged.
 async fn create_fleet(world: &KubeWorld, s3: &S3Server) -> Result<()> {
-    let logs = || world.management_kubelet.runtime.all_pod_logs(40);
+    let logs = || world.management_kubelet().runtime.all_pod_logs(40);
     for (name, replicas) in &FLEET[..3] {
         world.apply(&cluster_yaml(name, "w1", *replicas as i32, "3.5.1"))?;
     }
@@ -489,7 +489,7 @@ async fn real_upgrade_from_the_previous_release_to_head_writes_nothing() -> Resu
     ensure!(
         writes.iter().all(|(_, w)| w.is_empty()),
         "HEAD wrote into workload clusters: {writes:#?}\n{}",
-        world.management_kubelet.runtime.all_pod_logs(60)
+        world.management_kubelet().runtime.all_pod_logs(60)
     );
     ensure!(changes.is_empty(), "CRs changed: {changes:#?}");
     let failures = metric(&ip, "etcdfleet_reconcile_failures_total").unwrap_or(0.0);

@@ -117,6 +117,11 @@ enum Command {
         /// Host name.
         host: String,
     },
+    /// Count the system CA certificates the object-store client verifies
+    /// HTTPS endpoints with here, loaded as it loads them (a support check:
+    /// does this image or host trust any CA? Exit 1 when it trusts none).
+    #[command(hide = true)]
+    CaCertificates,
     /// Copy this etcdfleet binary to a path (mode 0755).
     ///
     /// The first init container of a restoring member runs it from the
@@ -319,6 +324,15 @@ fn main() -> ExitCode {
         Command::RestoreSeed(args) => restore_seed(&args),
         Command::MigrateStorage { kubeconfig } => current_thread(migrate_storage(kubeconfig)),
         Command::Resolve { host } => current_thread(resolve(host)),
+        Command::CaCertificates => {
+            let count = etcdfleet_controllers::store::system_ca_certificates();
+            println!("{count} CA certificates");
+            if count == 0 {
+                eprintln!("ca-certificates: none: an HTTPS object store cannot be verified here");
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
         Command::InstallSeeder { dest } => {
             match etcdfleet_controllers::restore::seed::install_self(&dest) {
                 Ok(bytes) => {

@@ -20,8 +20,9 @@
 //!   garbage collector, the PV binder with the host-path provisioner behind a
 //!   default StorageClass, PVC and PV protection, namespaces, disruption and
 //!   service accounts.
-//! - **kube-scheduler**, on workload planes, placing pods on the Nodes the
-//!   process kubelet ([`crate::runtime`] in node mode) registers.
+//! - **kube-scheduler**, placing pods on the Nodes the process kubelet
+//!   ([`crate::runtime`] in node mode) registers, or real kubelets
+//!   ([`crate::real_node`], [`ControlPlane::start_with`]).
 //!
 //! Every process dies with the test ([`EtcdProcess`]: own process group,
 //! `PR_SET_PDEATHSIG`); logs stay in the plane's directory, kept and printed
@@ -32,6 +33,7 @@ pub mod conditions;
 mod nodes;
 mod plane;
 pub mod readme;
+mod real_world;
 pub mod rollouts;
 pub mod scenario;
 pub mod world;
@@ -41,4 +43,5 @@ pub use plane::{
     ADMIN_USER, ControlPlane, Controllers, KubeBinaries, StorageEtcd, User, client_from_kubeconfig,
     require_kubernetes,
 };
-pub use world::{KubeWorld, WorkloadPlane, real_settings};
+pub use real_world::RealWorldSpec;
+pub use world::{KubeWorld, Nodes, WorkloadPlane, real_settings};

@@ -16,6 +16,8 @@ use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 use super::audit::AuditLog;
 use crate::controller_process::kubeconfig;
 use crate::etcd_harness::{EtcdProcess, ProcessSpec, free_ports, random_u64, workspace_root};
+use crate::real_node::PlaneAddresses;
+use crate::real_node::network::GATEWAY;
 
 /// The user of the admin token: `system:masters`.
 pub const ADMIN_USER: &str = "test-admin";
@@ -189,6 +191,8 @@ impl Controllers {
 pub struct ControlPlane {
     name: String,
     url: String,
+    /// Where pods on real nodes reach the API server (the bridge's gateway).
+    pod_url: Option<String>,
     ca_pem: String,
     admin_token: String,
     tokens: Vec<(String, String)>,
@@ -216,11 +220,28 @@ impl ControlPlane {
         controllers: Controllers,
         users: &[User],
     ) -> Result<ControlPlane> {
+        Self::start_with(binaries, storage, name, controllers, users, None).await
+    }
+
+    /// As [`ControlPlane::start`]; with `pods`, the plane serves real nodes
+    /// ([`crate::real_node`]): the API server listens on every address of
+    /// the test's own network namespace (pods reach it through the bridge),
+    /// its certificate names the pods' gateway and its `kubernetes` Service
+    /// IP, its Services come from the plane's own range, and workload planes
+    /// run the EndpointSlice controller that cluster DNS answers from.
+    pub async fn start_with(
+        binaries: &KubeBinaries,
+        storage: &StorageEtcd,
+        name: &str,
+        controllers: Controllers,
+        users: &[User],
+        pods: Option<&PlaneAddresses>,
+    ) -> Result<ControlPlane> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("etcdfleet-kube-{name}-"))
             .tempdir()?;
         let path = dir.path().to_path_buf();
-        let pki = PlanePki::write(&path)?;
+        let pki = PlanePki::write(&path, pods)?;
         let mut tokens = vec![(ADMIN_USER.to_string(), token())];
         tokens.extend(users.iter().map(|u| (u.name.clone(), token())));
         write_token_file(&path, &tokens, users)?;
@@ -229,11 +250,12 @@ impl ControlPlane {
         let url = format!("https://127.0.0.1:{port}");
         // Unique per plane and per run: planes of one process share the etcd.
         let etcd_prefix = format!("/{name}-{:08x}", random_u64() as u32);
-        let args = apiserver_args(&path, storage, &etcd_prefix, port);
+        let args = apiserver_args(&path, storage, &etcd_prefix, port, pods);
         let apiserver = spawn(binaries.apiserver(), args, &path.join("kube-apiserver.log"))?;
         let mut plane = ControlPlane {
             name: name.to_string(),
             url,
+            pod_url: pods.map(|_| format!("https://{GATEWAY}:{port}")),
             ca_pem: pki.ca_pem,
             admin_token: tokens[0].1.clone(),
             tokens,
@@ -244,7 +266,7 @@ impl ControlPlane {
             others: Vec::new(),
         };
         plane.wait_ready(Duration::from_secs(90)).await?;
-        plane.start_controllers(binaries, controllers)?;
+        plane.start_controllers(binaries, controllers, pods.is_some())?;
         if controllers == Controllers::Workload {
             plane.create_default_storage_class().await?;
         }
@@ -279,13 +301,18 @@ impl ControlPlane {
         &mut self,
         binaries: &KubeBinaries,
         controllers: Controllers,
+        real_nodes: bool,
     ) -> Result<()> {
         let kubeconfig = self.path.join("admin.kubeconfig");
         std::fs::write(&kubeconfig, self.admin_kubeconfig())?;
         let kc = format!("--kubeconfig={}", kubeconfig.display());
+        let mut names = controllers.names().to_string();
+        if real_nodes && controllers == Controllers::Workload {
+            names.push_str(",endpointslice");
+        }
         let mut kcm = vec![
             kc.clone(),
-            format!("--controllers={}", controllers.names()),
+            format!("--controllers={names}"),
             "--leader-elect=false".into(),
             "--secure-port=0".into(),
             "--use-service-account-credentials=false".into(),
@@ -339,6 +366,15 @@ impl ControlPlane {
         &self.url
     }
 
+    /// The API server's port (on loopback, and on every address of a
+    /// real-node world's network namespace).
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .expect("the plane's URL ends with its port")
+    }
+
     /// The CA that signed the API server's certificate.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
@@ -359,6 +395,14 @@ impl ControlPlane {
     /// user given at start).
     pub fn kubeconfig_for(&self, user: &str) -> String {
         kubeconfig(&self.url, &self.token_of(user), Some(&self.ca_pem))
+    }
+
+    /// As [`ControlPlane::kubeconfig_for`], with the address pods reach the
+    /// API server at: what a kubeconfig Secret read by a controller pod must
+    /// name (the same as [`ControlPlane::url`] without real nodes).
+    pub fn kubeconfig_for_pods(&self, user: &str) -> String {
+        let url = self.pod_url.as_deref().unwrap_or(&self.url);
+        kubeconfig(url, &self.token_of(user), Some(&self.ca_pem))
     }
 
     /// A kubeconfig authenticating with a bearer token.
@@ -474,12 +518,20 @@ struct PlanePki {
 }
 
 impl PlanePki {
-    fn write(dir: &Path) -> Result<PlanePki> {
+    fn write(dir: &Path, pods: Option<&PlaneAddresses>) -> Result<PlanePki> {
         let ca = CertificateAuthority::generate("etcdfleet test Kubernetes CA")?;
+        let mut ip_addresses = vec!["127.0.0.1".parse()?];
+        if let Some(pods) = pods {
+            ip_addresses.extend([std::net::IpAddr::V4(GATEWAY), pods.api_service_ip.into()]);
+        }
         let serving = ca.issue(&LeafSpec {
             common_name: "kube-apiserver".into(),
-            dns_names: vec!["localhost".into(), "kubernetes.default.svc".into()],
-            ip_addresses: vec!["127.0.0.1".parse()?],
+            dns_names: vec![
+                "localhost".into(),
+                "kubernetes.default.svc".into(),
+                "kubernetes.default.svc.cluster.local".into(),
+            ],
+            ip_addresses,
             usage: CertUsage::Server,
             validity_days: 30,
         })?;
@@ -515,13 +567,33 @@ fn write_token_file(dir: &Path, tokens: &[(String, String)], users: &[User]) -> 
     Ok(())
 }
 
-fn apiserver_args(dir: &Path, storage: &StorageEtcd, etcd_prefix: &str, port: u16) -> Vec<String> {
+fn apiserver_args(
+    dir: &Path,
+    storage: &StorageEtcd,
+    etcd_prefix: &str,
+    port: u16,
+    pods: Option<&PlaneAddresses>,
+) -> Vec<String> {
     let file = |f: &str| dir.join(f).display().to_string();
+    // Real nodes' pods reach the plane through the bridge of the test's own
+    // network namespace: every address there is the test's.
+    let (bind, advertise, services) = match pods {
+        Some(p) => (
+            "0.0.0.0".to_string(),
+            GATEWAY.to_string(),
+            p.service_cidr.clone(),
+        ),
+        None => (
+            "127.0.0.1".into(),
+            "127.0.0.1".into(),
+            "10.96.0.0/24".into(),
+        ),
+    };
     vec![
         format!("--etcd-servers={}", storage.url()),
         format!("--etcd-prefix={etcd_prefix}"),
-        "--bind-address=127.0.0.1".into(),
-        "--advertise-address=127.0.0.1".into(),
+        format!("--bind-address={bind}"),
+        format!("--advertise-address={advertise}"),
         format!("--secure-port={port}"),
         format!("--tls-cert-file={}", file("apiserver.crt")),
         format!("--tls-private-key-file={}", file("apiserver.key")),
@@ -531,7 +603,7 @@ fn apiserver_args(dir: &Path, storage: &StorageEtcd, etcd_prefix: &str, port: u1
         format!("--service-account-key-file={}", file("sa.pub")),
         format!("--service-account-signing-key-file={}", file("sa.key")),
         "--service-account-issuer=https://kubernetes.default.svc".into(),
-        "--service-cluster-ip-range=10.96.0.0/24".into(),
+        format!("--service-cluster-ip-range={services}"),
         "--disable-admission-plugins=TaintNodesByCondition".into(),
         "--allow-privileged=true".into(),
         "--kubelet-preferred-address-types=InternalIP".into(),

@@ -75,7 +75,7 @@ pub fn run_block(
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
-            world.management_kubelet.runtime.all_pod_logs(40)
+            world.management_pod_logs(40)
         );
     }
     Ok(())

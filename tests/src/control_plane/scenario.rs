@@ -10,9 +10,10 @@ use etcdfleet_api::EtcdCluster;
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig as EtcdClientConfig, TlsMaterial};
 use etcdfleet_controllers::etcdcluster::observe::read_pki;
 use etcdfleet_controllers::render::Names;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
-use super::KubeWorld;
+use super::{KubeWorld, Nodes};
 use crate::driver::{ConvergeLog, TestController, converge, fast_settings, no_hook};
 use crate::scenario::WORKLOAD_NS;
 
@@ -103,15 +104,11 @@ pub async fn etcd_of(
     let pki = read_pki(&world.management.admin_client().await?, &cluster, &names)
         .await?
         .context("no PKI secret")?;
-    let runtime = &world.workload(workload).runtime;
-    let endpoints = (0..members)
-        .map(|o| {
-            let ip = runtime
-                .pod_ip(WORKLOAD_NS, &names.pod(o))
-                .with_context(|| format!("{} has no IP", names.pod(o)))?;
-            Ok(format!("https://{ip}:2379"))
-        })
-        .collect::<Result<_>>()?;
+    let endpoints = member_ips(world, workload, &names, members)
+        .await?
+        .into_iter()
+        .map(|ip| format!("https://{ip}:2379"))
+        .collect();
     let config = EtcdClientConfig {
         tls: Some(TlsMaterial {
             // Every CA trusted now (two while a CA rotation is under way).
@@ -124,6 +121,33 @@ pub async fn etcd_of(
         transport: None,
     };
     Ok((endpoints, config))
+}
+
+/// The pod IPs of members `0..members`: from the process kubelet, or the
+/// pods' status on real nodes (whose pod network the test shares).
+async fn member_ips(
+    world: &KubeWorld,
+    workload: &str,
+    names: &Names,
+    members: u32,
+) -> Result<Vec<String>> {
+    let plane = world.workload(workload);
+    let mut ips = Vec::new();
+    for o in 0..members {
+        let pod = names.pod(o);
+        let ip = match &plane.nodes {
+            Nodes::Process(kubelet) => kubelet
+                .runtime
+                .pod_ip(WORKLOAD_NS, &pod)
+                .map(|ip| ip.to_string()),
+            Nodes::Real(_) => {
+                let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, WORKLOAD_NS);
+                pods.get(&pod).await?.status.and_then(|s| s.pod_ip)
+            }
+        };
+        ips.push(ip.with_context(|| format!("{pod} has no IP"))?);
+    }
+    Ok(ips)
 }
 
 pub async fn put(
@@ -197,6 +221,30 @@ pub fn stop_installed_controller(world: &KubeWorld) -> Result<()> {
         "--timeout=60s",
     ])?;
     Ok(())
+}
+
+/// [`installed_world`] on real nodes ([`KubeWorld::start_real_nodes`], no
+/// management nodes: the controller is the test's own). Call it inside
+/// [`crate::real_node::run_isolated`].
+pub async fn installed_real_world(
+    binaries: super::KubeBinaries,
+    tools: &crate::real_node::NodeTools,
+    workloads: &[&str],
+) -> Result<KubeWorld> {
+    let spec = super::RealWorldSpec {
+        tools,
+        workload_names: workloads,
+        management_nodes: 0,
+        extra_images: vec![],
+    };
+    let world = KubeWorld::start_real_nodes(binaries, spec).await?;
+    world.install("config/stages/dev")?;
+    world.install_workload_rbac()?;
+    for w in workloads {
+        world.put_kubeconfig_secret(NS, w).await?;
+    }
+    stop_installed_controller(&world)?;
+    Ok(world)
 }
 
 /// Like [`installed_world`], with the installed controller Deployment left

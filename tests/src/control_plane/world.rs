@@ -1,5 +1,6 @@
 //! A management cluster and workload clusters on real control planes, with a
-//! process kubelet per workload cluster: the world the `real_*` suites run in.
+//! process kubelet per cluster, or real nodes (`KubeWorld::start_real_nodes`:
+//! kubelet and containerd per Node): the world the `real_*` suites run in.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -18,6 +19,7 @@ use crate::controller_process::repo;
 use crate::driver::{TestController, fast_settings};
 use crate::etcd_harness::newest_built_etcd;
 use crate::kubelet_server::{KubeletServer, runtime_pods};
+use crate::real_node::{LocalRegistry, PodNetwork, RealNodes};
 use crate::runtime::{BackgroundSync, ImageTable, WorkloadRuntime};
 use etcdfleet_controllers::connector::KubeconfigClientFactory;
 use etcdfleet_controllers::dialer::DialerKind;
@@ -57,11 +59,36 @@ pub struct Kubelet {
     _sync: BackgroundSync,
 }
 
-/// One workload cluster: its control plane and its process kubelet.
+/// What runs a cluster's pods.
+pub enum Nodes {
+    /// The process kubelet ([`crate::runtime`]).
+    Process(Kubelet),
+    /// Real kubelets and containerd ([`crate::real_node`]).
+    Real(RealNodes),
+}
+
+impl Nodes {
+    /// The process kubelet; a world of real nodes has none.
+    pub fn process(&self) -> &Kubelet {
+        match self {
+            Nodes::Process(kubelet) => kubelet,
+            Nodes::Real(_) => panic!("this world runs real nodes, not the process kubelet"),
+        }
+    }
+
+    /// The real nodes; a world of the process kubelet has none.
+    pub fn real(&self) -> &RealNodes {
+        match self {
+            Nodes::Real(nodes) => nodes,
+            Nodes::Process(_) => panic!("this world runs the process kubelet, not real nodes"),
+        }
+    }
+}
+
+/// One workload cluster: its control plane and what runs its pods.
 pub struct WorkloadPlane {
     pub plane: ControlPlane,
-    pub runtime: Arc<WorkloadRuntime>,
-    pub kubelet: Kubelet,
+    pub nodes: Nodes,
 }
 
 /// A management plane and named workload planes on one storage etcd.
@@ -71,9 +98,12 @@ pub struct KubeWorld {
     pub version: String,
     pub management: ControlPlane,
     /// Runs the controller's Deployment when a test installs it as shipped.
-    pub management_kubelet: Kubelet,
-    workloads: BTreeMap<String, WorkloadPlane>,
-    _storage: StorageEtcd,
+    pub management_nodes: Nodes,
+    pub(super) workloads: BTreeMap<String, WorkloadPlane>,
+    pub(super) _storage: StorageEtcd,
+    /// The pod network and the registry of a world of real nodes (dropped
+    /// after the nodes: fields drop in declaration order).
+    pub(super) _real: Option<(LocalRegistry, PodNetwork)>,
 }
 
 impl KubeWorld {
@@ -134,13 +164,11 @@ impl KubeWorld {
                 images.clone(),
             )
             .await?;
-            let runtime = kubelet.runtime.clone();
             workloads.insert(
                 name.to_string(),
                 WorkloadPlane {
                     plane,
-                    runtime,
-                    kubelet,
+                    nodes: Nodes::Process(kubelet),
                 },
             );
         }
@@ -148,10 +176,25 @@ impl KubeWorld {
             binaries,
             version,
             management,
-            management_kubelet,
+            management_nodes: Nodes::Process(management_kubelet),
             workloads,
             _storage: storage,
+            _real: None,
         })
+    }
+
+    /// The last lines of every log of what runs the management cluster's
+    /// pods (the controller's, when a test installs it as shipped).
+    pub fn management_pod_logs(&self, lines: usize) -> String {
+        match &self.management_nodes {
+            Nodes::Process(kubelet) => kubelet.runtime.all_pod_logs(lines),
+            Nodes::Real(nodes) => nodes.log_tails(lines),
+        }
+    }
+
+    /// The management cluster's process kubelet (see [`Nodes::process`]).
+    pub fn management_kubelet(&self) -> &Kubelet {
+        self.management_nodes.process()
     }
 
     pub fn workload(&self, name: &str) -> &WorkloadPlane {
@@ -311,7 +354,11 @@ impl KubeWorld {
     pub async fn put_kubeconfig_secret(&self, ns: &str, workload: &str) -> Result<()> {
         let client = self.management.admin_client().await?;
         create_namespace(&client, ns).await?;
-        let kubeconfig = self.workload(workload).plane.kubeconfig_for(WORKLOAD_USER);
+        // Read by the controller, a process of the test or a pod.
+        let kubeconfig = self
+            .workload(workload)
+            .plane
+            .kubeconfig_for_pods(WORKLOAD_USER);
         let secret: Secret = serde_json::from_value(json!({
             "metadata": { "name": format!("{workload}-kubeconfig"), "namespace": ns },
             "stringData": { "value": kubeconfig },
@@ -320,6 +367,46 @@ impl KubeWorld {
             .create(&PostParams::default(), &secret)
             .await?;
         Ok(())
+    }
+}
+
+/// The host-path provisioner of kube-controller-manager writes each
+/// volume under this directory of the machine, and never removes one whose
+/// claim outlives its cluster (the members' claims are retained).
+const HOST_PATH_VOLUMES: &str = "/tmp/hostpath_pv/";
+
+impl Drop for KubeWorld {
+    /// Removes the data of the workload planes' volumes (etcd's WAL alone
+    /// preallocates 64 MiB per member) once their pods are gone, unless the
+    /// test failed or `ETCDFLEET_KEEP_PODS` asks to keep them.
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("ETCDFLEET_KEEP_PODS").is_some() {
+            return;
+        }
+        let volumes: Vec<String> = self
+            .workloads
+            .keys()
+            .filter_map(|name| {
+                self.kubectl_workload(
+                    name,
+                    &["get", "pv", "-o", "jsonpath={.items[*].spec.hostPath.path}"],
+                )
+                .ok()
+            })
+            .flat_map(|paths| {
+                paths
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        // Stops every workload plane and its nodes first.
+        self.workloads.clear();
+        for path in volumes {
+            if path.starts_with(HOST_PATH_VOLUMES) && !path.contains("..") {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        }
     }
 }
 
@@ -357,6 +444,11 @@ impl Kubelet {
 }
 
 impl WorkloadPlane {
+    /// The process kubelet's runtime (see [`Nodes::process`]).
+    pub fn runtime(&self) -> &Arc<WorkloadRuntime> {
+        &self.nodes.process().runtime
+    }
+
     /// An admin client of this workload cluster.
     pub async fn admin_client(&self) -> Result<Client> {
         self.plane.admin_client().await
