@@ -51,8 +51,8 @@ test-kubernetes-oldest: tools rust-tools
 # are checked in the controllers, the API types and the test harness
 # (tests/src) alike. Part of `lint` and `test`.
 structure:
-	python3 hack/check-bounds.py controllers/src api/src tests/src
-	python3 hack/check-imports.py controllers/src api/src tests/src
+	python3 hack/check-bounds.py controllers/src api/src etcd/src tests/src
+	python3 hack/check-imports.py controllers/src api/src etcd/src tests/src
 	python3 hack/check-test-asserts.py .
 
 lint: structure

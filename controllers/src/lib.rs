@@ -5,7 +5,8 @@ pub mod config;
 pub mod connector;
 pub mod crd;
 pub mod dialer;
-pub mod etcd;
+/// The etcd engine, a crate of its own (`etcd/`): it knows no CRs.
+pub use etcdfleet_etcd as etcd;
 pub mod etcdcluster;
 pub mod http;
 pub mod leader;

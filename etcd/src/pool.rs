@@ -146,7 +146,7 @@ impl ClientPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::Transport;
+    use crate::Transport;
 
     fn config(label: &str) -> EtcdConfig {
         EtcdConfig {

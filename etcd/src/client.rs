@@ -772,7 +772,7 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::Deadlines;
+    use crate::Deadlines;
 
     #[tokio::test]
     async fn connect_is_lazy_so_health_comes_from_an_rpc_with_a_deadline() {
