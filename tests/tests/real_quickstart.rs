@@ -49,19 +49,13 @@ async fn real_quickstart_of_the_readme_runs_verbatim_from_an_empty_cluster() -> 
     run_quickstart(&world, &s3, &kubeconfig).await
 }
 
-/// Ignored until the controller image can back up and seed a restore. Seen
-/// here on real nodes (the process kubelet runs the image's binary on the
-/// machine, so neither shows there):
-/// - the image has no CA bundle, and the backup's HTTP client (reqwest with
-///   rustls-platform-verifier) refuses to build without system roots even
-///   for a plain-HTTP endpoint: `EtcdBackup` fails with "destination: Generic
-///   HTTP client error: builder error" (with `/etc/ssl/certs` added to the
-///   image the backup block passes);
-/// - the restore's `install-seeder` init container runs `etcdfleet` by name,
-///   but the image holds `/etcdfleet` and sets no `PATH`: the container never
-///   starts (CrashLoopBackOff), so the restore block times out.
+/// The quickstart with the controller as a pod of the image `make image`
+/// built, on real nodes. It found what the process kubelet hides (it runs
+/// an image's binary on the machine): the image carried no CA bundle, so
+/// `EtcdBackup` failed with "destination: Generic HTTP client error:
+/// builder error", and the restore's `install-seeder` ran `etcdfleet` by
+/// name in an image that holds `/etcdfleet` and sets no `PATH`.
 #[test]
-#[ignore = "the controller image has no CA bundle and no PATH to /etcdfleet (see the doc comment)"]
 fn real_node_quickstart_of_the_readme_runs_verbatim_with_the_controller_as_a_pod() {
     let Some(binaries) = require_kubernetes() else {
         return;
