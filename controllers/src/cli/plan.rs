@@ -453,6 +453,7 @@ fn pods_and_volumes_from_status(
                     ready: m.healthy,
                     restart_count: 0,
                     deleting: false,
+                    stuck_deleting: false,
                     ready_means_etcd_healthy: true,
                     last_exit: None,
                 },

@@ -11,7 +11,7 @@ use super::super::context::{Error, Result};
 use super::super::observe::{
     Observed, PVC_MEMBER_ANNOTATION, PVC_OWNER_ANNOTATION, PVC_VERSION_ANNOTATION,
 };
-use super::target::{Target, apply, delete_exact};
+use super::target::{Target, apply, delete_exact, delete_exact_with_grace};
 use crate::etcd::{ClusterClient, ClusterHealth};
 use crate::render::{self, Names, RenderInputs};
 
@@ -60,14 +60,23 @@ pub(super) async fn record_pvc_member(
     Ok(())
 }
 
-pub(super) async fn delete_stale_storage(on: &Target<'_>, ordinal: u32) -> Result<()> {
-    if let Some(pvc) = on.observed.pvcs.get(&ordinal) {
+/// `force_pod`: the pod goes without a grace period (a delete of it is
+/// stuck; its member was removed, so nothing of it can rejoin).
+pub(super) async fn delete_stale_storage(
+    on: &Target<'_>,
+    ordinal: u32,
+    force_pod: bool,
+) -> Result<()> {
+    if let Some(pvc) = on.observed.pvcs.get(&ordinal)
+        && pvc.metadata.deletion_timestamp.is_none()
+    {
         delete_exact(&on.api::<PersistentVolumeClaim>(), pvc)
             .await
             .map_err(|e| on.err(e))?;
     }
     if let Some(pod) = on.observed.pods.get(&ordinal) {
-        delete_exact(&on.api::<Pod>(), pod)
+        let grace = force_pod.then_some(0);
+        delete_exact_with_grace(&on.api::<Pod>(), pod, grace)
             .await
             .map_err(|e| on.err(e))?;
     }

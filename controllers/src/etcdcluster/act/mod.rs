@@ -94,7 +94,9 @@ async fn execute_on(step: &Step, on: &Target<'_>) -> Result<()> {
             member_id,
             version,
         } => record_pvc_member(on, *ordinal, *member_id, version.as_deref()).await,
-        Step::DeleteStaleStorage { ordinal } => delete_stale_storage(on, *ordinal).await,
+        Step::DeleteStaleStorage { ordinal, force_pod } => {
+            delete_stale_storage(on, *ordinal, *force_pod).await
+        }
         Step::AddLearner { ordinal } => add_learner(on, *ordinal).await,
         Step::PromoteLearner { member_id, .. } => promote_learner(on, *member_id).await,
         Step::MoveLeader { to, .. } => move_leader(on, *to).await,

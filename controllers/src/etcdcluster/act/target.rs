@@ -75,7 +75,21 @@ pub async fn delete_exact<K>(api: &Api<K>, obj: &K) -> kube::Result<()>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
+    delete_exact_with_grace(api, obj, None).await
+}
+
+/// [`delete_exact`] with a grace period (`Some(0)`: at once, without
+/// waiting for a kubelet to confirm the end of a pod's containers).
+pub async fn delete_exact_with_grace<K>(
+    api: &Api<K>,
+    obj: &K,
+    grace_period_seconds: Option<u32>,
+) -> kube::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
     let params = DeleteParams {
+        grace_period_seconds,
         preconditions: Some(Preconditions {
             uid: obj.meta().uid.clone(),
             resource_version: obj.meta().resource_version.clone(),

@@ -152,11 +152,12 @@ pub async fn observe(
     )
     .await;
     let status = remembered(cluster, etcd.health.as_ref(), ctx).await?;
+    let now = k8s_openapi::jiff::Timestamp::now();
     let history = History::of(
         &status,
         (etcd.health.as_ref(), &w.names),
         ctx.settings.member_failure_grace,
-        k8s_openapi::jiff::Timestamp::now(),
+        now,
     );
     let bootstrapped = statefulset.statefulset.is_some() || history.known_voters > 0;
     let restore = restore::read(cluster, &inputs.version, bootstrapped, &members.pvcs, ctx).await?;
@@ -187,7 +188,7 @@ pub async fn observe(
                     >= s.metadata.generation,
             }),
         pods: (members.pods.iter())
-            .map(|(o, p)| (*o, volumes::pod_observation(p)))
+            .map(|(o, p)| (*o, volumes::pod_observation(p, now)))
             .collect(),
         pvcs: (members.pvcs.iter())
             .map(|(o, p)| (*o, volumes::pvc_observation(p, &w.owner)))

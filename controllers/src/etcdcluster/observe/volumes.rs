@@ -5,11 +5,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
 use super::super::context::Result;
-use super::super::plan::observation::{ForeignObject, PodObservation, PvcObservation};
+use super::super::plan::observation::{
+    ForeignObject, PodObservation, PvcObservation, STUCK_DELETING_AFTER,
+};
 use super::objects::Workload;
 use crate::render;
 
@@ -105,8 +108,8 @@ fn foreign_pods_and_volumes(
     conflicts
 }
 
-/// A member pod as the planner sees it.
-pub fn pod_observation(pod: &Pod) -> PodObservation {
+/// A member pod as the planner sees it, at `now`.
+pub fn pod_observation(pod: &Pod, now: Timestamp) -> PodObservation {
     let status = pod.status.as_ref();
     let container = status
         .and_then(|s| s.container_statuses.as_ref())
@@ -123,6 +126,7 @@ pub fn pod_observation(pod: &Pod) -> PodObservation {
         ready: container.is_some_and(|c| c.ready),
         restart_count: container.map_or(0, |c| c.restart_count),
         deleting: pod.meta().deletion_timestamp.is_some(),
+        stuck_deleting: stuck_deleting(pod, now),
         ready_means_etcd_healthy: pod
             .spec
             .as_ref()
@@ -132,6 +136,15 @@ pub fn pod_observation(pod: &Pod) -> PodObservation {
             .is_some_and(|g| g.path.as_deref().is_some_and(|p| p.starts_with("/health"))),
         last_exit: container.and_then(last_exit),
     }
+}
+
+/// The pod was deleted and is still there [`STUCK_DELETING_AFTER`] past the
+/// end of its grace period (`deletionTimestamp` is when the grace ends).
+fn stuck_deleting(pod: &Pod, now: Timestamp) -> bool {
+    pod.meta().deletion_timestamp.as_ref().is_some_and(|t| {
+        let after = SignedDuration::try_from(STUCK_DELETING_AFTER).unwrap_or(SignedDuration::MAX);
+        now.duration_since(t.0) > after
+    })
 }
 
 /// How the container last ended, if it ended since its pod started (a
@@ -176,6 +189,23 @@ mod tests {
 
     fn status(value: serde_json::Value) -> ContainerStatus {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_pod_is_stuck_deleting_only_past_the_end_of_its_grace_and_the_slack() {
+        let pod = |grace_ends_secs_ago: i64| -> Pod {
+            let at = Timestamp::now() - SignedDuration::from_secs(grace_ends_secs_ago);
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "c-0", "deletionTimestamp": at.to_string()}
+            }))
+            .unwrap()
+        };
+        let slack = STUCK_DELETING_AFTER.as_secs() as i64;
+        let now = Timestamp::now();
+        assert!(!pod_observation(&pod(-30), now).stuck_deleting);
+        assert!(!pod_observation(&pod(slack - 5), now).stuck_deleting);
+        assert!(pod_observation(&pod(slack + 5), now).stuck_deleting);
+        assert!(!pod_observation(&Pod::default(), now).stuck_deleting);
     }
 
     #[test]

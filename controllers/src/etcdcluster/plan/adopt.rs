@@ -425,7 +425,10 @@ fn join_next(m: &Members) -> Plan {
         return Plan::Wait("every ordinal has a member; waiting for them to become voters".into());
     };
     if obs.pvcs.get(&next).is_some_and(|p| p.member_id.is_some()) {
-        return Plan::Act(Step::DeleteStaleStorage { ordinal: next });
+        return Plan::Act(Step::DeleteStaleStorage {
+            ordinal: next,
+            force_pod: false,
+        });
     }
     if let Some(sick) = m.health.members().iter().find(|mo| !mo.healthy) {
         return Plan::Wait(format!(

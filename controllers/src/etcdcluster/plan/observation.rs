@@ -24,6 +24,11 @@ pub struct StatefulSetObservation {
     pub template_seen: bool,
 }
 
+/// How long past its grace period a deleted pod may stay before it counts as
+/// stuck (its kubelet gone). A kubelet that is up confirms a pod's end
+/// within seconds of its grace period.
+pub const STUCK_DELETING_AFTER: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// One pod of the StatefulSet as observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodObservation {
@@ -34,6 +39,10 @@ pub struct PodObservation {
     pub ready: bool,
     pub restart_count: i32,
     pub deleting: bool,
+    /// Deleted, and still there [`STUCK_DELETING_AFTER`] past the end of its
+    /// grace period (`metadata.deletionTimestamp`): no kubelet confirms its
+    /// end, as when its node is stopped or cut off.
+    pub stuck_deleting: bool,
     /// The pod's readiness is etcd's own health check (its template has the
     /// readiness probe; pods of older templates are ready once running).
     pub ready_means_etcd_healthy: bool,

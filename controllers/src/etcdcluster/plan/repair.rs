@@ -186,15 +186,24 @@ pub(super) fn stale_storage(m: &Members) -> Option<Plan> {
 
 /// Deletes the pod and PVC of `ordinal` (they hold a removed member's
 /// data), or waits while that delete is under way: PVC protection keeps the
-/// claim until its pod is gone, and asking again changes nothing.
+/// claim until its pod is gone, and asking again changes nothing. A pod
+/// whose deletion no kubelet confirms (its node stopped or cut off:
+/// [`PodObservation::stuck_deleting`](super::observation::PodObservation))
+/// is deleted again without a grace period, or its ordinal never rejoins:
+/// its member is no longer in the cluster, so whatever still runs there
+/// cannot rejoin, and its data is a removed member's.
 pub(super) fn delete_stale_storage(obs: &Observation, ordinal: u32) -> Plan {
-    if obs.pvcs.get(&ordinal).is_some_and(|p| p.deleting) {
+    let stuck = obs.pods.get(&ordinal).is_some_and(|p| p.stuck_deleting);
+    if obs.pvcs.get(&ordinal).is_some_and(|p| p.deleting) && !stuck {
         return Plan::Wait(format!(
             "the volume of {} is being deleted (it held a removed member's data)",
             obs.names.pod(ordinal)
         ));
     }
-    Plan::Act(Step::DeleteStaleStorage { ordinal })
+    Plan::Act(Step::DeleteStaleStorage {
+        ordinal,
+        force_pod: stuck,
+    })
 }
 
 #[cfg(test)]
@@ -374,7 +383,32 @@ mod tests {
         );
         assert_eq!(
             stale_storage(&members(&obs)),
-            Some(Plan::Act(Step::DeleteStaleStorage { ordinal: 2 }))
+            Some(Plan::Act(Step::DeleteStaleStorage {
+                ordinal: 2,
+                force_pod: false
+            }))
+        );
+    }
+
+    /// A gone member's volume whose delete is under way is waited for while
+    /// its pod's kubelet may still confirm; once the pod's delete is stuck
+    /// (its node stopped), the pod is deleted again without a grace period.
+    #[test]
+    fn a_gone_members_pod_stuck_deleting_is_deleted_without_a_grace_period() {
+        let mut obs = with_members(
+            converged(3, 3),
+            vec![member(0, true, true, false), member(1, true, false, false)],
+        );
+        obs.pvcs.get_mut(&2).unwrap().deleting = true;
+        obs.pods.get_mut(&2).unwrap().deleting = true;
+        assert!(matches!(stale_storage(&members(&obs)), Some(Plan::Wait(_))));
+        obs.pods.get_mut(&2).unwrap().stuck_deleting = true;
+        assert_eq!(
+            stale_storage(&members(&obs)),
+            Some(Plan::Act(Step::DeleteStaleStorage {
+                ordinal: 2,
+                force_pod: true
+            }))
         );
     }
 }

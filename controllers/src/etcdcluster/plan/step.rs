@@ -66,8 +66,11 @@ pub enum Step {
         version: Option<String>,
     },
     /// Delete a member's pod and PVC: their data belongs to a removed member.
+    /// `force_pod`: the pod is deleted without a grace period (a delete of
+    /// it is stuck: no kubelet confirms its end).
     DeleteStaleStorage {
         ordinal: u32,
+        force_pod: bool,
     },
     /// Point the members ConfigMap at the grown cluster and `member add --learner`.
     AddLearner {
@@ -182,7 +185,7 @@ impl Step {
             Step::RestartMember { ordinal, .. }
             | Step::AddLearner { ordinal }
             | Step::PromoteLearner { ordinal, .. }
-            | Step::DeleteStaleStorage { ordinal }
+            | Step::DeleteStaleStorage { ordinal, .. }
             | Step::Defragment { ordinal, .. } => Some(*ordinal),
             Step::ScaleStatefulSet { replicas } => replicas.checked_sub(1),
             Step::WriteObjects(_)
@@ -264,9 +267,14 @@ impl fmt::Display for Step {
                         .unwrap_or_default()
                 )
             }
-            Step::DeleteStaleStorage { ordinal } => write!(
+            Step::DeleteStaleStorage { ordinal, force_pod } => write!(
                 f,
-                "delete the pod and PVC of ordinal {ordinal}: they hold a removed member's data"
+                "delete the pod and PVC of ordinal {ordinal}: they hold a removed member's data{}",
+                if *force_pod {
+                    " (the pod without a grace period: no kubelet confirms its end)"
+                } else {
+                    ""
+                }
             ),
             Step::AddLearner { ordinal } => write!(f, "add member {ordinal} as a learner"),
             Step::PromoteLearner { ordinal, member_id } => {

@@ -58,6 +58,7 @@ pub(super) fn pod(image: &str) -> PodObservation {
         ready: true,
         restart_count: 0,
         deleting: false,
+        stuck_deleting: false,
         ready_means_etcd_healthy: false,
         last_exit: None,
     }
@@ -390,7 +391,10 @@ fn a_failed_member_is_removed_its_storage_deleted_and_it_rejoins_as_a_learner() 
     );
     assert_eq!(
         plan_next_step(&obs),
-        Plan::Act(Step::DeleteStaleStorage { ordinal: 2 })
+        Plan::Act(Step::DeleteStaleStorage {
+            ordinal: 2,
+            force_pod: false
+        })
     );
     // fresh volume: it comes back as a learner at the same ordinal
     obs.pvcs.insert(2, PvcObservation::default());

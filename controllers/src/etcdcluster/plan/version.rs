@@ -369,6 +369,7 @@ mod fixtures {
             ready: true,
             restart_count: 0,
             deleting: false,
+            stuck_deleting: false,
             ready_means_etcd_healthy: false,
             last_exit: None,
         };
