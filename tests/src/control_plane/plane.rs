@@ -307,8 +307,13 @@ impl ControlPlane {
         std::fs::write(&kubeconfig, self.admin_kubeconfig())?;
         let kc = format!("--kubeconfig={}", kubeconfig.display());
         let mut names = controllers.names().to_string();
-        if real_nodes && controllers == Controllers::Workload {
-            names.push_str(",endpointslice");
+        // Real nodes: cluster DNS answers from EndpointSlices, and a stopped
+        // node turns NotReady (its pods not ready, new pods kept off it) as
+        // in any cluster, 20 s after its kubelet's last word (50 s by
+        // default).
+        let real_workload = real_nodes && controllers == Controllers::Workload;
+        if real_workload {
+            names.push_str(",endpointslice,nodelifecycle");
         }
         let mut kcm = vec![
             kc.clone(),
@@ -322,6 +327,9 @@ impl ControlPlane {
         ];
         if controllers == Controllers::Workload {
             kcm.push("--enable-hostpath-provisioner".into());
+        }
+        if real_workload {
+            kcm.push("--node-monitor-grace-period=20s".into());
         }
         let log = self.path.join("kube-controller-manager.log");
         self.others

@@ -80,8 +80,19 @@ async fn follow_writes(
             list[at % list.len()].clone()
         };
         if !clients.contains_key(&endpoint) {
-            let client = ClusterClient::connect(std::slice::from_ref(&endpoint), &config).await?;
-            clients.insert(endpoint.clone(), client.kv());
+            // A member gone for good (a pod recreated at another IP) is
+            // passed over, as a client given every member's URL does.
+            match ClusterClient::connect(std::slice::from_ref(&endpoint), &config).await {
+                Ok(client) => {
+                    clients.insert(endpoint.clone(), client.kv());
+                }
+                Err(_) => {
+                    report.failed += 1;
+                    at += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            }
         }
         let kv = clients.get_mut(&endpoint).expect("just inserted");
         seq += 1;

@@ -1,0 +1,376 @@
+//! Operations on real nodes: what a platform team does to a cluster whose
+//! members run under real kubelets and containerd, each test in a world of
+//! its own (one workload plane, three Nodes).
+//!
+//! - Scale 1 → 3 → 5 → 3, then a Node stopped as a machine stops (kubelet,
+//!   containerd and its containers killed): the member on it is replaced
+//!   under the quorum guard, on another Node, keeping every key.
+//! - A rolling upgrade 3.5 → 3.6 under a writer that follows the members'
+//!   new pod IPs: no acknowledged write lost, every container started once.
+//! - A defragmentation of members holding at least 256 MiB, with the
+//!   shipped probes: no container restarted, no pod replaced.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
+use etcdfleet_controllers::etcdcluster::plan::{RemovalCause, Step};
+use etcdfleet_controllers::render::Names;
+use etcdfleet_tests::control_plane::KubeWorld;
+use etcdfleet_tests::control_plane::require_kubernetes;
+use etcdfleet_tests::control_plane::scenario::{
+    NS, cluster_yaml, converge_real, etcd_of, installed_real_world, put, read_everywhere,
+    wait_available, wait_ready_members,
+};
+use etcdfleet_tests::driver::{TestController, converge};
+use etcdfleet_tests::etcd_harness::{
+    EtcdVersion, FollowingWriter, require_etcd, verify_acknowledged,
+};
+use etcdfleet_tests::real_node::{require_real_nodes, run_isolated};
+use etcdfleet_tests::scenario::WORKLOAD_NS;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+/// Runs `test` in a real-node world with workload plane `w1`; when it fails,
+/// the nodes' logs of that moment follow its error.
+fn in_real_world<F>(test: F)
+where
+    F: AsyncFnOnce(&KubeWorld) -> Result<()>,
+{
+    let Some(binaries) = require_kubernetes() else {
+        return;
+    };
+    let Some(tools) = require_real_nodes(&binaries) else {
+        return;
+    };
+    run_isolated(|| async move {
+        let world = installed_real_world(binaries, &tools, &["w1"]).await?;
+        if let Err(e) = test(&world).await {
+            let logs = world.workload("w1").nodes.real().log_tails(25);
+            bail!("{e:?}\nnodes:{logs}");
+        }
+        Ok(())
+    });
+}
+
+/// The pods of cluster `name`, by ordinal.
+async fn member_pods(world: &KubeWorld, name: &str) -> Result<BTreeMap<u32, Pod>> {
+    let names = Names::new(name, WORKLOAD_NS);
+    let pods: Api<Pod> = Api::namespaced(world.workload("w1").admin_client().await?, WORKLOAD_NS);
+    let list = pods.list(&ListParams::default()).await?;
+    let mut by_ordinal = BTreeMap::new();
+    for pod in list.items {
+        let pod_name = pod.metadata.name.clone().context("pod without a name")?;
+        let ordinal = (0..16).find(|o| names.pod(*o) == pod_name);
+        if let Some(o) = ordinal {
+            by_ordinal.insert(o, pod);
+        }
+    }
+    Ok(by_ordinal)
+}
+
+fn node_of(pod: &Pod) -> Result<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .context("pod not scheduled")
+}
+
+/// Every container of `pod` runs in containerd and never restarted.
+fn started_once(pod: &Pod) -> Result<()> {
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone());
+    let statuses = statuses.with_context(|| format!("{name}: no container statuses"))?;
+    for c in statuses {
+        let id = c.container_id.unwrap_or_default();
+        ensure!(id.starts_with("containerd://"), "{name}/{}: {id:?}", c.name);
+        ensure!(
+            c.restart_count == 0,
+            "{name}/{} restarted {} times (last state {:?})",
+            c.name,
+            c.restart_count,
+            c.last_state
+        );
+    }
+    Ok(())
+}
+
+async fn scale(world: &KubeWorld, ctl: &mut TestController, replicas: u32) -> Result<()> {
+    world.kubectl(&[
+        "patch",
+        "-n",
+        NS,
+        "etcdcluster/shop",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"spec":{{"replicas":{replicas}}}}}"#),
+    ])?;
+    converge_real(ctl, &["shop"]).await?;
+    wait_ready_members(world, "shop", replicas)?;
+    let pods = member_pods(world, "shop").await?;
+    ensure!(
+        pods.keys().copied().collect::<Vec<_>>() == (0..replicas).collect::<Vec<_>>(),
+        "pods of ordinals {:?} for {replicas} members",
+        pods.keys()
+    );
+    Ok(())
+}
+
+#[test]
+fn real_node_scale_1_3_5_3_then_a_member_on_a_stopped_node_is_replaced_under_the_quorum_guard() {
+    in_real_world(async |world| {
+        let version = require_etcd(EtcdVersion::V3_5Latest)
+            .context("etcd 3.5 (hack/upstream/etcd-3.5)")?
+            .release;
+        let mut ctl = world.controller().await?;
+        world.apply(&cluster_yaml("shop", "w1", 1, &version))?;
+        converge_real(&mut ctl, &["shop"]).await?;
+        wait_available(world, "shop")?;
+        put(world, "w1", "shop", 1, "before-scaling").await?;
+        for replicas in [3, 5, 3] {
+            scale(world, &mut ctl, replicas).await?;
+        }
+        read_everywhere(world, "w1", "shop", 3, "before-scaling").await?;
+        replace_the_member_of_a_stopped_node(world, &mut ctl).await
+    });
+}
+
+/// Stops a Node holding exactly one member; that member is removed (it, and
+/// only it), its pod deleted without a grace period once no kubelet
+/// confirms its end, and a new member joins on another Node.
+async fn replace_the_member_of_a_stopped_node(
+    world: &KubeWorld,
+    ctl: &mut TestController,
+) -> Result<()> {
+    let pods = member_pods(world, "shop").await?;
+    let nodes: Vec<String> = pods.values().map(node_of).collect::<Result<_>>()?;
+    let (ordinal, node) = (pods.keys().zip(&nodes))
+        .find(|(_, n)| nodes.iter().filter(|m| m == n).count() == 1)
+        .map(|(o, n)| (*o, n.clone()))
+        .with_context(|| format!("no Node holds exactly one member: {nodes:?}"))?;
+    let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+    let members = ClusterClient::connect(&endpoints, &config)
+        .await?
+        .list_members()
+        .await?;
+    let names = Names::new("shop", WORKLOAD_NS);
+    let lost = members
+        .iter()
+        .find(|m| m.name == names.pod(ordinal))
+        .with_context(|| format!("no member named {}: {members:?}", names.pod(ordinal)))?
+        .id;
+    let real = world.workload("w1").nodes.real();
+    let stopped = real
+        .nodes
+        .iter()
+        .find(|n| n.name() == node)
+        .context("node")?;
+    stopped.stop().await;
+    let started = std::time::Instant::now();
+    let log = converge_real(ctl, &["shop"]).await?;
+    wait_ready_members(world, "shop", 3)?;
+    eprintln!(
+        "member {} on stopped node {node} replaced in {:.1} s",
+        names.pod(ordinal),
+        started.elapsed().as_secs_f64()
+    );
+    let steps = log.steps_of(&format!("{NS}/shop"));
+    let removed: Vec<(Option<u32>, u64, RemovalCause)> = (steps.iter())
+        .filter_map(|s| match s {
+            Step::RemoveMember {
+                ordinal,
+                member_id,
+                cause,
+            } => Some((*ordinal, *member_id, *cause)),
+            _ => None,
+        })
+        .collect();
+    ensure!(
+        removed == vec![(Some(ordinal), lost, RemovalCause::Failed)],
+        "removed {removed:?}, expected only {lost:x} (ordinal {ordinal}) as failed; steps {steps:?}"
+    );
+    ensure!(
+        steps.iter().any(|s| matches!(
+            s,
+            Step::DeleteStaleStorage { ordinal: o, force_pod: true } if *o == ordinal
+        )),
+        "the stuck pod was never deleted without a grace period: {steps:?}"
+    );
+    let pods = member_pods(world, "shop").await?;
+    let replaced = pods.get(&ordinal).context("no replacement pod")?;
+    ensure!(
+        node_of(replaced)? != node,
+        "the replacement runs on the stopped node"
+    );
+    started_once(replaced)?;
+    read_everywhere(world, "w1", "shop", 3, "before-scaling").await?;
+    let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+    let members = ClusterClient::connect(&endpoints, &config)
+        .await?
+        .list_members()
+        .await?;
+    ensure!(
+        members.len() == 3 && members.iter().all(|m| m.id != lost && !m.is_learner),
+        "members after the replacement: {members:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn real_node_rolling_upgrade_under_a_writer_loses_no_acknowledged_write() {
+    in_real_world(async |world| {
+        let (Some(old), Some(new)) = (
+            require_etcd(EtcdVersion::V3_5Latest),
+            require_etcd(EtcdVersion::V3_6),
+        ) else {
+            bail!("etcd 3.5 and 3.6 (hack/upstream) are needed");
+        };
+        let mut ctl = world.controller().await?;
+        world.apply(&cluster_yaml("shop", "w1", 3, &old.release))?;
+        converge_real(&mut ctl, &["shop"]).await?;
+        wait_ready_members(world, "shop", 3)?;
+        let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+        let writer = FollowingWriter::start(
+            endpoints
+                .iter()
+                .map(|e| (e.clone(), config.clone()))
+                .collect(),
+            "upgrade",
+        );
+        world.kubectl(&[
+            "patch",
+            "-n",
+            NS,
+            "etcdcluster/shop",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"version":"{}"}}}}"#, new.release),
+        ])?;
+        let started = std::time::Instant::now();
+        let follow = || async {
+            // Recreated pods come back at new IPs: the writer is told, as
+            // a client that resolves the members' names would learn.
+            if let Ok((endpoints, config)) = etcd_of(world, "w1", "shop", 3).await {
+                for e in endpoints {
+                    writer.add(e, config.clone());
+                }
+            }
+            Ok(())
+        };
+        converge(
+            &mut ctl,
+            &[(NS, "shop")],
+            Duration::from_secs(300),
+            follow,
+            |_, _, _| Ok(()),
+        )
+        .await?;
+        wait_ready_members(world, "shop", 3)?;
+        let took = started.elapsed();
+        let report = writer.stop().await?;
+        let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+        let checked = verify_acknowledged(&report, &endpoints, &config, "upgrade").await?;
+        eprintln!(
+            "real-node upgrade {} -> {}: {:.1} s, {checked} acknowledged writes verified, \
+             {} failed, longest pause {:?}",
+            old.release,
+            new.release,
+            took.as_secs_f64(),
+            report.failed,
+            report.longest_pause
+        );
+        ensure!(checked > 10, "the writer kept writing: {report:?}");
+        for (o, pod) in member_pods(world, "shop").await? {
+            let image = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers[0].image.clone());
+            ensure!(
+                image == Some(format!("gcr.io/etcd-development/etcd:v{}", new.release)),
+                "member {o} runs {image:?}"
+            );
+            started_once(&pod)?;
+        }
+        Ok(())
+    });
+}
+
+/// Keys `fill/<i>` of 1 MiB each until every member's database holds at
+/// least `bytes`.
+async fn fill(
+    endpoints: &[String],
+    config: &etcdfleet_controllers::etcd::EtcdConfig,
+    bytes: i64,
+) -> Result<i64> {
+    let mut kv = ClusterClient::connect(endpoints, config).await?.kv();
+    let value = vec![b'x'; 1 << 20];
+    for i in 0..(bytes >> 20) + 16 {
+        let put = kv.put(format!("fill/{i:05}"), value.clone(), None);
+        tokio::time::timeout(Duration::from_secs(10), put).await??;
+    }
+    let mut smallest = i64::MAX;
+    for e in endpoints {
+        let status = MemberClient::connect(e, config).await?.status().await?;
+        smallest = smallest.min(status.db_size);
+    }
+    Ok(smallest)
+}
+
+#[test]
+fn real_node_defragmentation_of_256_mib_members_under_the_shipped_probes_restarts_nothing() {
+    in_real_world(async |world| {
+        let version = require_etcd(EtcdVersion::V3_5Latest)
+            .context("etcd 3.5 (hack/upstream/etcd-3.5)")?
+            .release;
+        let mut ctl = world.controller().await?;
+        world.apply(&cluster_yaml("shop", "w1", 3, &version))?;
+        converge_real(&mut ctl, &["shop"]).await?;
+        wait_ready_members(world, "shop", 3)?;
+        let before = member_pods(world, "shop").await?;
+        let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+        let held = fill(&endpoints, &config, 256 << 20).await?;
+        ensure!(held >= 256 << 20, "the smallest member holds {held} bytes");
+        let cluster = ClusterClient::connect(&endpoints, &config).await?;
+        let mut kv = cluster.kv();
+        let prefix = etcd_client::DeleteOptions::new().with_prefix();
+        kv.delete("fill/", Some(prefix)).await?;
+        cluster.compact_to_current().await?;
+        let started = std::time::Instant::now();
+        let log = converge_real(&mut ctl, &["shop"]).await?;
+        let defragmented: Vec<u32> = (log.steps_of(&format!("{NS}/shop")).iter())
+            .filter_map(|s| match s {
+                Step::Defragment { ordinal, .. } => Some(*ordinal),
+                _ => None,
+            })
+            .collect();
+        let mut sorted = defragmented.clone();
+        sorted.sort_unstable();
+        ensure!(sorted == vec![0, 1, 2], "defragmented {defragmented:?}");
+        for e in &endpoints {
+            let status = MemberClient::connect(e, &config).await?.status().await?;
+            ensure!(
+                status.db_size < 64 << 20,
+                "{e} still holds {} bytes",
+                status.db_size
+            );
+        }
+        eprintln!(
+            "real-node defragmentation of 3 members of {} MiB: {:.1} s",
+            held >> 20,
+            started.elapsed().as_secs_f64()
+        );
+        let after = member_pods(world, "shop").await?;
+        for (o, pod) in &after {
+            ensure!(
+                pod.metadata.uid == before.get(o).and_then(|p| p.metadata.uid.clone()),
+                "member {o}'s pod was replaced"
+            );
+            started_once(pod)?;
+        }
+        Ok(())
+    });
+}
