@@ -50,6 +50,13 @@ pub fn real_settings() -> ReconcilerSettings {
     }
 }
 
+/// The failure grace of controllers on real nodes. A pod restarted there
+/// comes back in seconds, not at once as under the process kubelet (a new
+/// sandbox, network and IP, then etcd's start): with the 4 s grace of the
+/// fast settings, each member a roll restarted was taken for failed and
+/// replaced with fresh storage. Production's default is 120 s.
+pub const REAL_NODE_FAILURE_GRACE: Duration = Duration::from_secs(30);
+
 /// The process kubelet of one cluster's Nodes: the workload runtime in node
 /// mode, its kubelet API, and its background sync.
 pub struct Kubelet {
@@ -330,12 +337,21 @@ impl KubeWorld {
     /// ServiceAccount under the shipped RBAC, workload clients from the
     /// kubeconfig Secrets, etcd reached through `pods/portforward` of each
     /// workload API server, [`real_settings`].
+    /// On real nodes the failure grace is [`REAL_NODE_FAILURE_GRACE`].
     pub async fn controller(&self) -> Result<TestController> {
+        let mut settings = real_settings();
+        if self
+            .workloads
+            .values()
+            .any(|w| matches!(w.nodes, Nodes::Real(_)))
+        {
+            settings.member_failure_grace = REAL_NODE_FAILURE_GRACE;
+        }
         Ok(TestController::new(
             self.controller_client().await?,
             Arc::new(KubeconfigClientFactory::default()),
             DialerKind::PortForward.build(),
-            real_settings(),
+            settings,
         ))
     }
 

@@ -123,7 +123,7 @@ pub fn pod_observation(pod: &Pod, now: Timestamp) -> PodObservation {
             .unwrap_or_default(),
         template_hash: pod.annotations().get(render::TEMPLATE_HASH).cloned(),
         running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
-        ready: container.is_some_and(|c| c.ready),
+        ready: container.is_some_and(|c| c.ready) && ready_condition(pod).unwrap_or(true),
         restart_count: container.map_or(0, |c| c.restart_count),
         deleting: pod.meta().deletion_timestamp.is_some(),
         stuck_deleting: stuck_deleting(pod, now),
@@ -136,6 +136,15 @@ pub fn pod_observation(pod: &Pod, now: Timestamp) -> PodObservation {
             .is_some_and(|g| g.path.as_deref().is_some_and(|p| p.starts_with("/health"))),
         last_exit: container.and_then(last_exit),
     }
+}
+
+/// The pod's `Ready` condition. On a node that stopped, the node lifecycle
+/// controller sets it False while the container statuses keep the last
+/// word of the gone kubelet (`ready: true`), so both are read.
+fn ready_condition(pod: &Pod) -> Option<bool> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    let ready = conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some(ready.status == "True")
 }
 
 /// The pod was deleted and is still there [`STUCK_DELETING_AFTER`] past the
@@ -189,6 +198,28 @@ mod tests {
 
     fn status(value: serde_json::Value) -> ContainerStatus {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_pod_on_a_lost_node_is_not_ready_though_its_container_said_so() {
+        let pod = |condition: Option<&str>| -> Pod {
+            let mut status = serde_json::json!({
+                "phase": "Running",
+                "containerStatuses": [{"name": "etcd", "ready": true, "restartCount": 0,
+                    "image": "etcd", "imageID": "", "state": {"running": {}}}],
+            });
+            if let Some(c) = condition {
+                status["conditions"] = serde_json::json!([{"type": "Ready", "status": c}]);
+            }
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "c-0"}, "status": status}),
+            )
+            .unwrap()
+        };
+        let now = Timestamp::now();
+        assert!(pod_observation(&pod(Some("True")), now).ready);
+        assert!(!pod_observation(&pod(Some("False")), now).ready);
+        assert!(pod_observation(&pod(None), now).ready);
     }
 
     #[test]
