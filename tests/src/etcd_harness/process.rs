@@ -78,10 +78,17 @@ while [ "$1" != "--" ]; do
   targets+=("$2"); i=$((i + 1)); shift 2
 done
 shift
+prog="$1"; shift
+hidden=
+for t in "${targets[@]}"; do case "$prog" in "$t"/*) hidden=1 ;; esac; done
+# A program under a target (a checkout in /tmp, a pod's emptyDir at /tmp)
+# is opened before the mounts hide it, and run from that descriptor.
+if [ -n "$hidden" ]; then exec 3<"$prog"; fi
 for j in "${!targets[@]}"; do
   mkdir -p "${targets[$j]}"; mount --bind "$stage/$j" "${targets[$j]}"
 done
-exec "$@""#;
+if [ -n "$hidden" ]; then exec -a "$prog" /proc/self/fd/3 "$@"; fi
+exec "$prog" "$@""#;
         let mut cmd = Command::new("unshare");
         cmd.args(["-m", "bash", "-c", script, "bash"])
             .arg(spec.hosts_file.as_deref().unwrap_or(Path::new("")));
