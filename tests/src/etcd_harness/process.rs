@@ -80,9 +80,13 @@ done
 shift
 prog="$1"; shift
 hidden=
-for t in "${targets[@]}"; do case "$prog" in "$t"/*) hidden=1 ;; esac; done
-# A program under a target (a checkout in /tmp, a pod's emptyDir at /tmp)
-# is opened before the mounts hide it, and run from that descriptor.
+# A machine's program under a target (a checkout in /tmp, a pod's emptyDir
+# at /tmp) is opened before the mounts hide it, and run from that
+# descriptor; a program only a volume holds (the seeder a pod copied into
+# its emptyDir) is run from the volume.
+if [ -f "$prog" ]; then
+  for t in "${targets[@]}"; do case "$prog" in "$t"/*) hidden=1 ;; esac; done
+fi
 if [ -n "$hidden" ]; then exec 3<"$prog"; fi
 for j in "${!targets[@]}"; do
   mkdir -p "${targets[$j]}"; mount --bind "$stage/$j" "${targets[$j]}"
