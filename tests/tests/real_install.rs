@@ -80,14 +80,26 @@ async fn real_install_section_of_the_readme_runs_verbatim_on_an_empty_cluster() 
         world.kubectl(&["get", "pods", "-n", "etcdfleet-system", "-o", "yaml"])?,
         world.management_kubelet().runtime.all_pod_logs(40)
     );
-    let holder = world.kubectl(&[
-        "get",
-        "lease/etcdfleet-controller",
-        "-n",
-        "etcdfleet-system",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ])?;
+    // Ready is not leading: a replica is ready once it serves, and takes the
+    // Lease a moment later (the first election, bounded here by 30 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let holder = loop {
+        let holder = world.kubectl(&[
+            "get",
+            "lease/etcdfleet-controller",
+            "-n",
+            "etcdfleet-system",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ]);
+        match holder {
+            Ok(h) if !h.trim().is_empty() => break h,
+            _ if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            other => panic!("no replica took the Lease within 30 s: {other:?}"),
+        }
+    };
     let pods = world.kubectl(&[
         "get",
         "pods",
