@@ -18,7 +18,7 @@ use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_controllers::pki::{CertificateAuthority, LeafSpec};
 use etcdfleet_controllers::render::Names;
 use etcdfleet_tests::control_plane::KubeWorld;
-use etcdfleet_tests::control_plane::scenario::{NS, STAGE_LABEL, get, installed_world};
+use etcdfleet_tests::control_plane::scenario::{NS, STAGE_LABEL, get, installed_world, patch_spec};
 use etcdfleet_tests::control_plane::world::WORKLOAD_USER;
 use etcdfleet_tests::driver::{ConvergeLog, TestController, converge, fast_settings};
 use etcdfleet_tests::etcd_harness::{
@@ -30,6 +30,7 @@ use etcdfleet_tests::legacy_etcd::{
 use etcdfleet_tests::scenario::WORKLOAD_NS;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
+use serde_json::json;
 
 const NAME: &str = "adopted";
 const JOIN_SECRET: &str = "legacy-etcd-ca";
@@ -417,29 +418,13 @@ async fn real_adopt_refusals_missing_trust_version_skew_and_an_unhealthy_member_
     nothing_written(&world, &legacy, &ids).await?;
 
     // A downgrade of the existing members.
-    world.kubectl(&[
-        "patch",
-        "-n",
-        NS,
-        &format!("etcdcluster/{NAME}"),
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"version":"3.4.23"}}"#,
-    ])?;
+    patch_spec(&world, NAME, json!({ "version": "3.4.23" }))?;
     let why = refused_with(&ctl, &world, reason::VERSION_SKEW).await?;
     eprintln!("refused: {why}");
     nothing_written(&world, &legacy, &ids).await?;
 
     // An existing member down (its owner scaled its StatefulSet down).
-    world.kubectl(&[
-        "patch",
-        "-n",
-        NS,
-        &format!("etcdcluster/{NAME}"),
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"version":"3.5.1"}}"#,
-    ])?;
+    patch_spec(&world, NAME, json!({ "version": "3.5.1" }))?;
     world.kubectl_workload(
         "w1",
         &[

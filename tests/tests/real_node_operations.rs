@@ -10,7 +10,6 @@
 //! - A defragmentation of members holding at least 256 MiB, with the
 //!   shipped probes: no container restarted, no pod replaced.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -18,64 +17,17 @@ use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, MemberClient};
 use etcdfleet_controllers::etcdcluster::plan::{RemovalCause, Step};
 use etcdfleet_controllers::render::Names;
 use etcdfleet_tests::control_plane::KubeWorld;
-use etcdfleet_tests::control_plane::require_kubernetes;
 use etcdfleet_tests::control_plane::scenario::{
-    NS, cluster_yaml, converge_real, etcd_of, installed_real_world, put, read_everywhere,
-    wait_available, wait_ready_members,
+    NS, cluster_yaml, converge_real, etcd_of, in_real_world, member_pods, node_of, patch_spec, put,
+    read_everywhere, wait_available, wait_ready_members,
 };
 use etcdfleet_tests::driver::{TestController, converge};
 use etcdfleet_tests::etcd_harness::{
     EtcdVersion, FollowingWriter, require_etcd, verify_acknowledged,
 };
-use etcdfleet_tests::real_node::{require_real_nodes, run_isolated};
 use etcdfleet_tests::scenario::WORKLOAD_NS;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
-
-/// Runs `test` in a real-node world with workload plane `w1`; when it fails,
-/// the nodes' logs of that moment follow its error.
-fn in_real_world<F>(test: F)
-where
-    F: AsyncFnOnce(&KubeWorld) -> Result<()>,
-{
-    let Some(binaries) = require_kubernetes() else {
-        return;
-    };
-    let Some(tools) = require_real_nodes(&binaries) else {
-        return;
-    };
-    run_isolated(|| async move {
-        let world = installed_real_world(binaries, &tools, &["w1"]).await?;
-        if let Err(e) = test(&world).await {
-            let logs = world.workload("w1").nodes.real().log_tails(25);
-            bail!("{e:?}\nnodes:{logs}");
-        }
-        Ok(())
-    });
-}
-
-/// The pods of cluster `name`, by ordinal.
-async fn member_pods(world: &KubeWorld, name: &str) -> Result<BTreeMap<u32, Pod>> {
-    let names = Names::new(name, WORKLOAD_NS);
-    let pods: Api<Pod> = Api::namespaced(world.workload("w1").admin_client().await?, WORKLOAD_NS);
-    let list = pods.list(&ListParams::default()).await?;
-    let mut by_ordinal = BTreeMap::new();
-    for pod in list.items {
-        let pod_name = pod.metadata.name.clone().context("pod without a name")?;
-        let ordinal = (0..16).find(|o| names.pod(*o) == pod_name);
-        if let Some(o) = ordinal {
-            by_ordinal.insert(o, pod);
-        }
-    }
-    Ok(by_ordinal)
-}
-
-fn node_of(pod: &Pod) -> Result<String> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .context("pod not scheduled")
-}
+use serde_json::json;
 
 /// Every container of `pod` runs in containerd and never restarted.
 fn started_once(pod: &Pod) -> Result<()> {
@@ -109,15 +61,7 @@ fn restarts(pod: &Pod) -> Vec<i32> {
 }
 
 async fn scale(world: &KubeWorld, ctl: &mut TestController, replicas: u32) -> Result<()> {
-    world.kubectl(&[
-        "patch",
-        "-n",
-        NS,
-        "etcdcluster/shop",
-        "--type=merge",
-        "-p",
-        &format!(r#"{{"spec":{{"replicas":{replicas}}}}}"#),
-    ])?;
+    patch_spec(world, "shop", json!({ "replicas": replicas }))?;
     converge_real(ctl, &["shop"]).await?;
     wait_ready_members(world, "shop", replicas)?;
     let pods = member_pods(world, "shop").await?;
@@ -276,15 +220,7 @@ fn real_node_rolling_upgrade_under_a_writer_loses_no_acknowledged_write() {
                 .collect(),
             "upgrade",
         );
-        world.kubectl(&[
-            "patch",
-            "-n",
-            NS,
-            "etcdcluster/shop",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"spec":{{"version":"{}"}}}}"#, new.release),
-        ])?;
+        patch_spec(world, "shop", json!({ "version": new.release }))?;
         let started = std::time::Instant::now();
         let follow = || async {
             // Recreated pods come back at new IPs: the writer is told, as

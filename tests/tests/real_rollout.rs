@@ -14,9 +14,10 @@ use etcdfleet_tests::control_plane::rollouts::{
     RolloutDriver, drive_until, rollout_writes, rollout_yaml,
 };
 use etcdfleet_tests::control_plane::scenario::{
-    NS, cluster_yaml, converge_real, get, installed_world,
+    NS, cluster_yaml, converge_real, get, installed_world, patch_spec,
 };
 use etcdfleet_tests::controller_process::etcdfleet_binary;
+use serde_json::json;
 
 const FROM: &str = "3.5.1";
 const TO: &str = "3.5.21";
@@ -96,15 +97,7 @@ async fn real_rollout_of_ten_clusters_in_three_waves_through_a_restart_a_pause_a
     driver.restart(&ctl).await?;
 
     // A person moves c09 (wave 3, pending) to another version themselves.
-    world.kubectl(&[
-        "patch",
-        "-n",
-        NS,
-        "etcdcluster/c09",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"version":"3.5.35"}}"#,
-    ])?;
+    patch_spec(&world, "c09", json!({ "version": "3.5.35" }))?;
 
     // Wave 3 under way: pause. Nothing more is written while paused.
     drive_until(&world, &ctl, &driver, "to-21", &names, long, |s| {

@@ -13,8 +13,8 @@ use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_controllers::version_flags::version_flags;
 use etcdfleet_tests::control_plane::conditions::ConditionRecorder;
 use etcdfleet_tests::control_plane::scenario::{
-    NS, cluster_yaml, converge_real, etcd_of, get, installed_world, put, read_everywhere,
-    wait_available,
+    NS, cluster_yaml, converge_real, etcd_of, get, installed_world, patch_spec, put,
+    read_everywhere, wait_available,
 };
 use etcdfleet_tests::driver::converge;
 use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
@@ -22,6 +22,7 @@ use etcdfleet_tests::scenario::WORKLOAD_NS;
 use etcdfleet_tests::versions::{check_flags, release_of_image};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+use serde_json::json;
 
 /// A 3-member cluster on `from`, rolled to `to` by editing `spec.version`
 /// with kubectl, under a writer, with a new controller after every step.
@@ -56,15 +57,7 @@ async fn real_upgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
     let (endpoints, config) = etcd_of(&world, "w1", "shop", 3).await?;
     let writer = AckedWriter::start(endpoints.clone(), config.clone(), "upgrade").await?;
     let upgrade = ConditionRecorder::start(&world, "shop").await?;
-    world.kubectl(&[
-        "patch",
-        "-n",
-        NS,
-        "etcdcluster/shop",
-        "--type=merge",
-        "-p",
-        &format!(r#"{{"spec":{{"version":"{}"}}}}"#, new.release),
-    ])?;
+    patch_spec(&world, "shop", json!({ "version": new.release }))?;
     let started = std::time::Instant::now();
     let log = converge(
         &mut ctl,

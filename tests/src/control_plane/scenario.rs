@@ -3,15 +3,16 @@
 //! members the way a test can on this machine (their pod IPs, the cluster's
 //! own CA and the controller's client identity).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use etcdfleet_api::EtcdCluster;
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig as EtcdClientConfig, TlsMaterial};
 use etcdfleet_controllers::etcdcluster::observe::read_pki;
 use etcdfleet_controllers::render::Names;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 
 use super::{KubeWorld, Nodes};
 use crate::driver::{ConvergeLog, TestController, converge, fast_settings, no_hook};
@@ -245,6 +246,68 @@ pub async fn installed_real_world(
     }
     stop_installed_controller(&world)?;
     Ok(world)
+}
+
+/// Merges `spec` into EtcdCluster `name`'s spec with `kubectl patch
+/// --type=merge`, as a user edits a cluster.
+pub fn patch_spec(world: &KubeWorld, name: &str, spec: serde_json::Value) -> Result<String> {
+    let patch = serde_json::json!({ "spec": spec }).to_string();
+    world.kubectl(&[
+        "patch",
+        "-n",
+        NS,
+        &format!("etcdcluster/{name}"),
+        "--type=merge",
+        "-p",
+        &patch,
+    ])
+}
+
+/// Runs `test` in a real-node world ([`installed_real_world`]) with
+/// workload plane `w1`; when it fails, the nodes' logs of that moment follow
+/// its error.
+pub fn in_real_world<F>(test: F)
+where
+    F: AsyncFnOnce(&KubeWorld) -> Result<()>,
+{
+    let Some(binaries) = super::require_kubernetes() else {
+        return;
+    };
+    let Some(tools) = crate::real_node::require_real_nodes(&binaries) else {
+        return;
+    };
+    crate::real_node::run_isolated(|| async move {
+        let world = installed_real_world(binaries, &tools, &["w1"]).await?;
+        if let Err(e) = test(&world).await {
+            let logs = world.workload("w1").nodes.real().log_tails(25);
+            bail!("{e:?}\nnodes:{logs}");
+        }
+        Ok(())
+    });
+}
+
+/// The pods of cluster `name` in workload plane `w1`, by ordinal.
+pub async fn member_pods(world: &KubeWorld, name: &str) -> Result<BTreeMap<u32, Pod>> {
+    let names = Names::new(name, WORKLOAD_NS);
+    let pods: Api<Pod> = Api::namespaced(world.workload("w1").admin_client().await?, WORKLOAD_NS);
+    let list = pods.list(&ListParams::default()).await?;
+    let mut by_ordinal = BTreeMap::new();
+    for pod in list.items {
+        let pod_name = pod.metadata.name.clone().context("pod without a name")?;
+        let ordinal = (0..16).find(|o| names.pod(*o) == pod_name);
+        if let Some(o) = ordinal {
+            by_ordinal.insert(o, pod);
+        }
+    }
+    Ok(by_ordinal)
+}
+
+/// The Node `pod` is bound to.
+pub fn node_of(pod: &Pod) -> Result<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .context("pod not scheduled")
 }
 
 /// Like [`installed_world`], with the installed controller Deployment left
