@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools structure image previous-release lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest
+.PHONY: test tools rust-tools structure image previous-release lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest pins
 
 tools:
 	./hack/install-tools.sh
@@ -93,3 +93,9 @@ bench-fleet: tools
 
 bench-backup: tools
 	cargo test --workspace --test backup_memory -- --ignored --nocapture streaming_a_large_snapshot
+
+# Every version pin (hack/upstream, PyPI and Debian etcds, the Kubernetes
+# client crates) next to the newest its registry serves; reads registries,
+# not part of `make test`.
+pins:
+	python3 hack/pins.py
