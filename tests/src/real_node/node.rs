@@ -244,11 +244,35 @@ impl RealNode {
     /// (a pod status' `containerID` less `containerd://`), if it runs here:
     /// its cgroup is `<cgroup root>/kubepods/<qos>/pod<uid>/<id>`.
     pub fn container_memory_peak(&self, container_id: &str) -> Option<u64> {
-        let mut dirs = Vec::new();
-        collect_dirs(&self.cgroup_dir(), &mut dirs);
-        let dir = dirs.iter().find(|d| d.ends_with(container_id))?;
+        let dir = self.container_cgroup(container_id)?;
         let text = std::fs::read_to_string(dir.join("memory.max_usage_in_bytes")).ok()?;
         text.trim().parse().ok()
+    }
+
+    /// What the kernel counts now for the container with the CRI id
+    /// `container_id`, if it runs here: its anonymous memory (`rss` of
+    /// `memory.stat`, page cache not included: what a limit cannot reclaim)
+    /// and the processes the OOM killer killed in it (`oom_kill` of
+    /// `memory.oom_control`).
+    pub fn container_memory(&self, container_id: &str) -> Option<ContainerMemory> {
+        let dir = self.container_cgroup(container_id)?;
+        let field = |file: &str, key: &str| -> Option<u64> {
+            let text = std::fs::read_to_string(dir.join(file)).ok()?;
+            let line = text.lines().find(|l| l.split(' ').next() == Some(key))?;
+            line.split(' ').nth(1)?.parse().ok()
+        };
+        Some(ContainerMemory {
+            anonymous: field("memory.stat", "rss")?,
+            oom_kills: field("memory.oom_control", "oom_kill")?,
+        })
+    }
+
+    /// The container's cgroup in the memory hierarchy:
+    /// `<cgroup root>/kubepods/<qos>/pod<uid>/<id>`.
+    fn container_cgroup(&self, container_id: &str) -> Option<PathBuf> {
+        let mut dirs = Vec::new();
+        collect_dirs(&self.cgroup_dir(), &mut dirs);
+        dirs.into_iter().find(|d| d.ends_with(container_id))
     }
 
     /// Stops the node as a machine stops: every process of it is killed at
@@ -285,6 +309,15 @@ impl RealNode {
             })
             .collect()
     }
+}
+
+/// A container's memory as its cgroup counts it ([`RealNode::container_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerMemory {
+    /// Anonymous memory (bytes), page cache not included.
+    pub anonymous: u64,
+    /// Processes killed by the OOM killer in the container's cgroup.
+    pub oom_kills: u64,
 }
 
 impl Drop for RealNode {
