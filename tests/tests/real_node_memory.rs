@@ -18,12 +18,12 @@ use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, MemberClient};
 use etcdfleet_tests::apiserver::immutable::quantity_bytes;
 use etcdfleet_tests::control_plane::KubeWorld;
 use etcdfleet_tests::control_plane::scenario::{
-    NS, STAGE_LABEL, converge_real, etcd_of, in_real_world, member_pods, node_of,
+    cluster_manifest, converge_real, etcd_of, in_real_world, member_pods, node_of,
     wait_ready_members,
 };
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::real_node::node::ContainerMemory;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
 /// How full the backend gets, in percent of its quota.
 const FILL_PERCENT: i64 = 80;
@@ -38,20 +38,22 @@ fn repo_path(rel: &str) -> PathBuf {
 /// quota, version and raft settings, one member (one volume of data, not
 /// three, for the same memory on each).
 fn ha_3_cluster(name: &str) -> String {
-    format!(
-        "apiVersion: etcdfleet.dev/v1alpha1
-kind: EtcdCluster
-metadata:
-  name: {name}
-  namespace: {NS}
-  labels:
-    {STAGE_LABEL}: dev
-spec:
-  clusterRef: {{name: w1}}
-  templateRef: {{kind: ClusterEtcdTemplate, name: ha-3}}
+    let spec = "  clusterRef: {name: w1}
+  templateRef: {kind: ClusterEtcdTemplate, name: ha-3}
   replicas: 1
-"
-    )
+";
+    cluster_manifest(name, spec)
+}
+
+/// The status of `pod`'s etcd container.
+fn etcd_status(pod: &Pod) -> Result<ContainerStatus> {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone());
+    (statuses.context("no container statuses")?.into_iter())
+        .find(|c| c.name == "etcd")
+        .context("no etcd container status")
 }
 
 /// The memory of the member container of `pod`, read on its node.
@@ -63,14 +65,9 @@ struct MemberMemory<'w> {
 
 impl<'w> MemberMemory<'w> {
     fn of(world: &'w KubeWorld, pod: &Pod) -> Result<Self> {
-        let statuses = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.clone());
-        let etcd = (statuses.context("no container statuses")?.into_iter())
-            .find(|c| c.name == "etcd")
-            .context("no etcd container status")?;
-        let id = etcd.container_id.context("etcd container without an id")?;
+        let id = etcd_status(pod)?
+            .container_id
+            .context("etcd container without an id")?;
         let container_id = (id.strip_prefix("containerd://"))
             .with_context(|| format!("not a containerd container: {id}"))?
             .to_string();
@@ -228,13 +225,7 @@ fn real_node_member_filled_to_80_percent_of_its_quota_under_the_shipped_ha_3_lim
             now.metadata.uid == before.metadata.uid,
             "the member's pod was replaced"
         );
-        let statuses = now
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.clone());
-        let etcd = (statuses.context("no container statuses")?.into_iter())
-            .find(|c| c.name == "etcd")
-            .context("no etcd container status")?;
+        let etcd = etcd_status(&now)?;
         ensure!(
             etcd.restart_count == 0 && etcd.last_state.and_then(|s| s.terminated).is_none(),
             "the member restarted: {:?}",

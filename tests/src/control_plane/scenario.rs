@@ -25,6 +25,24 @@ pub const STAGE_LABEL: &str = "etcdfleet.dev/stage";
 
 /// An EtcdCluster manifest (fast raft timing, TLS on), as a user writes it.
 pub fn cluster_yaml(name: &str, workload: &str, replicas: i32, version: &str) -> String {
+    cluster_manifest(
+        name,
+        &format!(
+            "  clusterRef:
+    name: {workload}
+  version: {version}
+  replicas: {replicas}
+  etcd:
+    heartbeatIntervalMillis: 50
+    electionTimeoutMillis: 500
+"
+        ),
+    )
+}
+
+/// An EtcdCluster `name` in [`NS`], of the shipped dev stage, with `spec`
+/// (YAML lines indented under `spec:`).
+pub fn cluster_manifest(name: &str, spec: &str) -> String {
     format!(
         "apiVersion: etcdfleet.dev/v1alpha1
 kind: EtcdCluster
@@ -34,14 +52,7 @@ metadata:
   labels:
     {STAGE_LABEL}: dev
 spec:
-  clusterRef:
-    name: {workload}
-  version: {version}
-  replicas: {replicas}
-  etcd:
-    heartbeatIntervalMillis: 50
-    electionTimeoutMillis: 500
-"
+{spec}"
     )
 }
 
