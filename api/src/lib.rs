@@ -14,6 +14,7 @@ pub mod template;
 pub mod types;
 pub mod validation;
 pub mod version;
+pub mod yaml;
 
 pub use backup::{
     EtcdBackup, EtcdBackupSchedule, EtcdBackupScheduleSpec, EtcdBackupScheduleStatus,

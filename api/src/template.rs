@@ -679,17 +679,17 @@ mod tests {
     use crate::types::{ClusterEtcdTemplateSpec, EtcdTemplateSpec};
 
     fn cluster_template(name: &str, yaml: &str) -> ClusterEtcdTemplate {
-        let spec: ClusterEtcdTemplateSpec = serde_yaml::from_str(yaml).unwrap();
+        let spec: ClusterEtcdTemplateSpec = crate::yaml::from_str(yaml).unwrap();
         ClusterEtcdTemplate::new(name, spec)
     }
 
     fn template(name: &str, yaml: &str) -> EtcdTemplate {
-        let spec: EtcdTemplateSpec = serde_yaml::from_str(yaml).unwrap();
+        let spec: EtcdTemplateSpec = crate::yaml::from_str(yaml).unwrap();
         EtcdTemplate::new(name, spec)
     }
 
     fn cluster(yaml: &str) -> EtcdClusterSpec {
-        serde_yaml::from_str(yaml).unwrap()
+        crate::yaml::from_str(yaml).unwrap()
     }
 
     const HA3: &str = r#"

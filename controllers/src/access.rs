@@ -287,7 +287,7 @@ pub fn member_endpoints(
 /// The replicas a StatefulSet asks for (0 when it says nothing).
 pub fn statefulset_replicas(statefulset: Option<&StatefulSet>) -> u32 {
     statefulset
-        .and_then(|s| s.spec.as_ref()?.replicas)
+        .and_then(|s| s.spec.replicas)
         .unwrap_or(0)
         .max(0) as u32
 }

@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::{EtcdCluster, yaml};
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 
@@ -35,7 +35,7 @@ pub enum ConfigError {
     Parse {
         path: String,
         #[source]
-        source: serde_yaml::Error,
+        source: yaml::YamlError,
     },
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
@@ -250,7 +250,7 @@ impl ControllerConfig {
             path: source.to_string(),
             source: source_err,
         };
-        let doc: serde_yaml::Value = serde_yaml::from_str(yaml).map_err(parse_error)?;
+        let doc = yaml::value(yaml).map_err(parse_error)?;
         if doc.get("kind").and_then(|k| k.as_str()) == Some("ConfigMap") {
             let Some(inner) = doc
                 .get("data")
@@ -265,13 +265,10 @@ impl ControllerConfig {
             return Self::from_yaml(inner, &format!("{source} (data.config.yaml)"));
         }
         // An empty file is the default configuration.
-        let config: ControllerConfig = if yaml.trim().is_empty() {
+        let config: ControllerConfig = if doc.is_null() {
             ControllerConfig::default()
         } else {
-            serde_yaml::from_str(yaml).map_err(|source_err| ConfigError::Parse {
-                path: source.to_string(),
-                source: source_err,
-            })?
+            yaml::from_value(doc).map_err(parse_error)?
         };
         config.validate()
     }
@@ -804,6 +801,25 @@ data:
         )
         .unwrap_err();
         assert!(err.to_string().contains("namespacs"), "{err}");
+    }
+
+    #[test]
+    fn a_parse_error_names_the_file_and_the_field() {
+        let err = ControllerConfig::from_yaml(
+            "leaderElection:\n  enabled: true\n  leaseDurationSeconds: ten\n",
+            "config.yaml",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "parsing config.yaml: leaderElection.leaseDurationSeconds: invalid type: string \"ten\", expected u64"
+        );
+        let err = ControllerConfig::from_yaml("namespaces: [a]\nnamespaces: [b]\n", "config.yaml")
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "parsing config.yaml: duplicate mapping key: namespaces at line 2, column 1"
+        );
     }
 
     #[test]

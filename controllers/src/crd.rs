@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use etcdfleet_api::{
     ClusterEtcdTemplate, EtcdBackup, EtcdBackupSchedule, EtcdCluster, EtcdFleetRollout,
-    EtcdTemplate,
+    EtcdTemplate, yaml,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -82,13 +82,13 @@ pub fn file_name(crd: &CustomResourceDefinition) -> String {
 }
 
 /// One CRD as YAML, without header.
-pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_yaml::Error> {
-    serde_yaml::to_string(crd)
+pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, yaml::WriteError> {
+    yaml::to_string(crd)
 }
 
 /// The files of `config/crd/`: one per CRD (with the generated-file header)
 /// and the kustomization listing them.
-pub fn render_files() -> Result<Vec<GeneratedFile>, serde_yaml::Error> {
+pub fn render_files() -> Result<Vec<GeneratedFile>, yaml::WriteError> {
     let crds = crds();
     let mut files = Vec::with_capacity(crds.len() + 1);
     let mut kustomization = format!(
@@ -110,7 +110,7 @@ pub fn render_files() -> Result<Vec<GeneratedFile>, serde_yaml::Error> {
 }
 
 /// All CRDs as one multi-document YAML stream (what `crdgen` prints).
-pub fn render_stream() -> Result<String, serde_yaml::Error> {
+pub fn render_stream() -> Result<String, yaml::WriteError> {
     let mut out = String::from(GENERATED_HEADER);
     for crd in crds() {
         out.push_str("---\n");

@@ -432,7 +432,6 @@ fn cluster_token(inputs: &RenderInputs) -> String {
 pub fn statefulset_cluster_token(sts: &StatefulSet) -> Option<String> {
     let etcd = sts
         .spec
-        .as_ref()?
         .template
         .spec
         .as_ref()?
@@ -664,7 +663,7 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
     let hash = profile.statefulset_hash(inputs);
     StatefulSet {
         metadata: meta(inputs, names.statefulset(), hash.clone()),
-        spec: Some(StatefulSetSpec {
+        spec: StatefulSetSpec {
             replicas: Some(replicas),
             service_name: Some(names.peer_service()),
             pod_management_policy: Some("Parallel".to_string()),
@@ -711,7 +710,7 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
             },
             volume_claim_templates: Some(vec![data_claim_template(inputs, &names)]),
             ..Default::default()
-        }),
+        },
         ..Default::default()
     }
 }
@@ -856,7 +855,6 @@ fn data_claim_template(inputs: &RenderInputs, names: &Names) -> PersistentVolume
 /// The image the StatefulSet's etcd container runs.
 pub fn statefulset_image(sts: &StatefulSet) -> Option<&str> {
     sts.spec
-        .as_ref()?
         .template
         .spec
         .as_ref()?
@@ -870,7 +868,6 @@ pub fn statefulset_image(sts: &StatefulSet) -> Option<&str> {
 /// The template hash of a StatefulSet's pod template, if stamped.
 pub fn statefulset_template_hash(sts: &StatefulSet) -> Option<&str> {
     sts.spec
-        .as_ref()?
         .template
         .metadata
         .as_ref()?
@@ -887,12 +884,7 @@ pub fn owner_of(meta: &ObjectMeta) -> Option<&str> {
 
 /// The storage a StatefulSet's claim template asks for: (class, size).
 pub fn statefulset_storage(sts: &StatefulSet) -> Option<(Option<String>, Option<String>)> {
-    let claim = sts
-        .spec
-        .as_ref()?
-        .volume_claim_templates
-        .as_ref()?
-        .first()?;
+    let claim = sts.spec.volume_claim_templates.as_ref()?.first()?;
     let spec = claim.spec.as_ref()?;
     let size = spec
         .resources
@@ -1025,7 +1017,7 @@ mod tests {
         let mut i = inputs();
         i.restore = Some(a_restore_record());
         let mut old = statefulset(&i, &RenderProfile::default(), 3);
-        let pod = old.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+        let pod = old.spec.template.spec.as_mut().unwrap();
         let install = &mut pod.init_containers.as_mut().unwrap()[0];
         assert_eq!(install.name, "install-seeder");
         assert_eq!(install.command.as_ref().unwrap()[0], SEEDER_IMAGE_BINARY);
@@ -1119,15 +1111,7 @@ mod tests {
     fn image_drift_is_detected_even_with_the_same_hash() {
         let a = inputs();
         let mut sts = statefulset(&a, &RenderProfile::default(), 1);
-        sts.spec
-            .as_mut()
-            .unwrap()
-            .template
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0]
-            .image = Some("evil:latest".into());
+        sts.spec.template.spec.as_mut().unwrap().containers[0].image = Some("evil:latest".into());
         assert!(drift(&sts, &a).unwrap().contains("image drifted"));
     }
 
@@ -1136,15 +1120,7 @@ mod tests {
         let a = inputs();
         let mut sts = statefulset(&a, &RenderProfile::default(), 1);
         let set_image = |sts: &mut StatefulSet, img: &str| {
-            sts.spec
-                .as_mut()
-                .unwrap()
-                .template
-                .spec
-                .as_mut()
-                .unwrap()
-                .containers[0]
-                .image = Some(img.into());
+            sts.spec.template.spec.as_mut().unwrap().containers[0].image = Some(img.into());
         };
         set_image(&mut sts, "mirror.example/etcd:v3.5.1");
         sts.metadata.annotations.as_mut().unwrap().insert(
@@ -1159,7 +1135,7 @@ mod tests {
     #[test]
     fn statefulset_is_ondelete_retains_pvcs_and_reads_membership_from_configmap() {
         let sts = statefulset(&inputs(), &RenderProfile::default(), 1);
-        let spec = sts.spec.unwrap();
+        let spec = sts.spec;
         assert_eq!(
             spec.update_strategy.unwrap().type_.as_deref(),
             Some("OnDelete")
@@ -1219,12 +1195,12 @@ mod tests {
         });
         // Not restoring: the template and its hash are what they were.
         let sts = statefulset(&plain, &RenderProfile::default(), 1);
-        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let pod = sts.spec.template.spec.unwrap();
         assert!(pod.init_containers.is_none());
         assert!(!serde_json::to_string(&plain).unwrap().contains("restore"));
 
         let sts = statefulset(&restoring, &RenderProfile::default(), 1);
-        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let pod = sts.spec.template.spec.unwrap();
         let inits = pod.init_containers.unwrap();
         assert_eq!(inits[0].image.as_deref(), Some("etcdfleet/controller:v1"));
         assert_eq!(

@@ -259,7 +259,8 @@ mod tests {
 
     #[test]
     fn tracing_section_rejects_unknown_fields() {
-        let parsed: Result<TracingConfig, _> = serde_yaml::from_str("otlpEndpoint: x\nsampler: y");
+        let parsed: Result<TracingConfig, _> =
+            etcdfleet_api::yaml::from_str("otlpEndpoint: x\nsampler: y");
         assert!(parsed.is_err());
     }
 }

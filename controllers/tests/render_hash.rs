@@ -148,7 +148,7 @@ fn hashes(inputs: &RenderInputs) -> Vec<(String, String)> {
 }
 
 fn inputs_of(manifest: &str) -> RenderInputs {
-    let cluster: EtcdCluster = serde_yaml::from_str(manifest).expect("fixture parses");
+    let cluster: EtcdCluster = etcdfleet_api::yaml::from_str(manifest).expect("fixture parses");
     let resolution = resolve_own_spec(&cluster.spec).expect("fixture resolves");
     render_inputs(&cluster, &resolution)
 }

@@ -98,8 +98,9 @@ impl ByHand {
         let mut sts = self.statefulsets.get(&name).await?;
         let container = sts
             .spec
+            .template
+            .spec
             .as_mut()
-            .and_then(|s| s.template.spec.as_mut())
             .and_then(|p| p.containers.first_mut())
             .context("StatefulSet without a container")?;
         retag(container, &self.from, release)?;

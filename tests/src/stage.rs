@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
-use serde_yaml::Value;
+use etcdfleet_api::yaml;
+use serde_json::Value;
 
 /// The documents `kubectl kustomize dir` renders (`$KUBECTL`, default the
 /// kubectl the test command builds, `.tools/kubernetes/kubectl`); `None`
@@ -44,12 +44,7 @@ pub fn kustomize(dir: &Path) -> Option<Vec<Value>> {
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
-    Some(
-        serde_yaml::Deserializer::from_str(&text)
-            .map(|d| Value::deserialize(d).expect("kustomize prints YAML"))
-            .filter(|v| !v.is_null())
-            .collect(),
-    )
+    Some(yaml::documents(&text).expect("kustomize prints YAML"))
 }
 
 /// The RBAC documents of a rendered overlay (Roles, ClusterRoles and their
@@ -63,7 +58,7 @@ pub fn rbac_yaml(docs: &[Value]) -> String {
                 Some("Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding")
             )
         })
-        .map(|d| serde_yaml::to_string(d).expect("YAML value serializes"))
+        .map(|d| yaml::to_string(d).expect("YAML value serializes"))
         .collect::<Vec<_>>()
         .join("---\n")
 }

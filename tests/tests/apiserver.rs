@@ -456,7 +456,7 @@ async fn the_scale_subresource_reads_and_writes_replicas() {
         .await
         .unwrap();
     assert_eq!(scale.spec.and_then(|s| s.replicas), Some(4));
-    assert_eq!(api.get("s").await.unwrap().spec.unwrap().replicas, Some(4));
+    assert_eq!(api.get("s").await.unwrap().spec.replicas, Some(4));
 }
 
 #[tokio::test]

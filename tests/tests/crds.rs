@@ -51,7 +51,7 @@ fn crdgen_stream_holds_every_crd() {
     let docs: Vec<Value> = stream
         .split("\n---\n")
         .skip(1)
-        .map(|doc| serde_yaml::from_str(doc).unwrap())
+        .map(|doc| etcdfleet_api::yaml::from_str(doc).unwrap())
         .collect();
     let names: Vec<&str> = docs
         .iter()
@@ -76,7 +76,7 @@ fn crdgen_stream_holds_every_crd() {
 #[test]
 fn every_crd_names_each_version_once_with_one_storage_version() {
     for file in crd::render_files().unwrap() {
-        let crd: Value = serde_yaml::from_str(&file.content).unwrap();
+        let crd: Value = etcdfleet_api::yaml::from_str(&file.content).unwrap();
         let Some(versions) = crd["spec"]["versions"].as_array() else {
             continue;
         };
@@ -94,7 +94,7 @@ fn crd_json(name: &str) -> Value {
         .into_iter()
         .find(|f| f.file_name == format!("{name}.yaml"))
         .unwrap();
-    serde_yaml::from_str(&file.content).unwrap()
+    etcdfleet_api::yaml::from_str(&file.content).unwrap()
 }
 
 const CRD_NAMES: [&str; 3] = [
@@ -325,7 +325,7 @@ spec:
 ";
 
 fn cluster(spec: &str) -> EtcdCluster {
-    serde_yaml::from_str(&format!("{CLUSTER_HEAD}{spec}")).unwrap()
+    etcdfleet_api::yaml::from_str(&format!("{CLUSTER_HEAD}{spec}")).unwrap()
 }
 
 fn with_ref(spec: &str) -> EtcdCluster {
@@ -494,7 +494,7 @@ fn cel_tuning_and_backup_bounds() {
 
 #[test]
 fn cel_rules_apply_to_templates_too() {
-    let t: EtcdTemplate = serde_yaml::from_str(
+    let t: EtcdTemplate = etcdfleet_api::yaml::from_str(
         "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdTemplate\nmetadata: {name: t, namespace: n}\nspec: {baseTemplate: ha-3, version: '3.5', replicas: 4}\n",
     )
     .unwrap();
@@ -504,7 +504,7 @@ fn cel_rules_apply_to_templates_too() {
         "{msg}"
     );
 
-    let ct: ClusterEtcdTemplate = serde_yaml::from_str(
+    let ct: ClusterEtcdTemplate = etcdfleet_api::yaml::from_str(
         "apiVersion: etcdfleet.dev/v1alpha1\nkind: ClusterEtcdTemplate\nmetadata: {name: ct}\nspec: {version: latest, replicas: 2}\n",
     )
     .unwrap();
@@ -516,11 +516,11 @@ fn cel_rules_apply_to_templates_too() {
 
     // Templates need no workload cluster, and their storage may be edited:
     // editing a template never changes an existing cluster.
-    let old: ClusterEtcdTemplate = serde_yaml::from_str(
+    let old: ClusterEtcdTemplate = etcdfleet_api::yaml::from_str(
         "apiVersion: etcdfleet.dev/v1alpha1\nkind: ClusterEtcdTemplate\nmetadata: {name: ct}\nspec: {version: 3.5.1, replicas: 3, storage: {storageClassName: a, size: 8Gi}}\n",
     )
     .unwrap();
-    let new: ClusterEtcdTemplate = serde_yaml::from_str(
+    let new: ClusterEtcdTemplate = etcdfleet_api::yaml::from_str(
         "apiVersion: etcdfleet.dev/v1alpha1\nkind: ClusterEtcdTemplate\nmetadata: {name: ct}\nspec: {version: 3.5.1, replicas: 3, storage: {storageClassName: b, size: 16Gi}}\n",
     )
     .unwrap();
@@ -569,14 +569,14 @@ fn backup_crds_are_namespaced_with_status_and_columns() {
 }
 
 fn backup(spec: &str) -> etcdfleet_api::EtcdBackup {
-    serde_yaml::from_str(&format!(
+    etcdfleet_api::yaml::from_str(&format!(
         "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdBackup\nmetadata: {{name: b, namespace: n}}\nspec:\n{spec}"
     ))
     .unwrap()
 }
 
 fn backup_schedule(spec: &str) -> etcdfleet_api::EtcdBackupSchedule {
-    serde_yaml::from_str(&format!(
+    etcdfleet_api::yaml::from_str(&format!(
         "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdBackupSchedule\nmetadata: {{name: s, namespace: n}}\nspec:\n{spec}"
     ))
     .unwrap()
@@ -838,7 +838,7 @@ fn the_rollout_crd_is_cluster_scoped_with_status_and_columns() {
 }
 
 fn rollout(spec: &str) -> etcdfleet_api::EtcdFleetRollout {
-    serde_yaml::from_str(&format!(
+    etcdfleet_api::yaml::from_str(&format!(
         "apiVersion: etcdfleet.dev/v1alpha1\nkind: EtcdFleetRollout\nmetadata: {{name: r}}\nspec:\n{spec}"
     ))
     .unwrap()

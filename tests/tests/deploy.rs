@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use etcdfleet_api::{EtcdCluster, EtcdClusterSpec};
 use etcdfleet_controllers::config::ControllerConfig;
 use etcdfleet_tests::stage::kustomize;
-use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -38,13 +37,9 @@ fn documents() -> Vec<(PathBuf, Value)> {
     let mut docs = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: does not parse: {e}", file.display()));
-            if !value.is_null() {
-                docs.push((file.clone(), value));
-            }
-        }
+        let values = etcdfleet_api::yaml::documents(&text)
+            .unwrap_or_else(|e| panic!("{}: does not parse: {e}", file.display()));
+        docs.extend(values.into_iter().map(|value| (file.clone(), value)));
     }
     docs
 }
@@ -56,7 +51,7 @@ fn of_kind<'a>(docs: &'a [(PathBuf, Value)], kind: &str) -> Vec<&'a (PathBuf, Va
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .map(|s| {
             s.iter()
                 .filter_map(|x| x.as_str().map(str::to_string))
@@ -93,16 +88,12 @@ fn kustomizations_reference_existing_paths() {
         }
         let mut paths = strings(&doc["resources"]);
         // configMapGenerator files: "key=path" or "path".
-        for generator in doc["configMapGenerator"]
-            .as_sequence()
-            .into_iter()
-            .flatten()
-        {
+        for generator in doc["configMapGenerator"].as_array().into_iter().flatten() {
             for f in strings(&generator["files"]) {
                 paths.push(f.rsplit('=').next().unwrap_or_default().to_string());
             }
         }
-        if let Some(patches) = doc["patches"].as_sequence() {
+        if let Some(patches) = doc["patches"].as_array() {
             paths.extend(
                 patches
                     .iter()
@@ -134,7 +125,7 @@ fn kustomizations_reference_existing_paths() {
 /// (apiGroup, resource) → sorted verbs of a Role's or ClusterRole's rules,
 /// after checking no rule uses a wildcard.
 fn grants_of(role: &Value) -> BTreeMap<(String, String), Vec<String>> {
-    let rules = role["rules"].as_sequence().unwrap();
+    let rules = role["rules"].as_array().unwrap();
     let mut grants: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for rule in rules {
         let verbs = strings(&rule["verbs"]);
@@ -258,7 +249,7 @@ fn workload_rbac_is_a_role_in_the_etcd_namespace_and_the_readme_says_so() {
     assert_eq!(sa["metadata"]["name"].as_str(), Some("etcdfleet"));
     assert_eq!(sa["metadata"]["namespace"].as_str(), Some("etcd-system"));
     let subjects: Vec<(&str, &str, Option<&str>)> = binding["subjects"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|s| {
@@ -291,14 +282,14 @@ fn workload_rbac_is_a_role_in_the_etcd_namespace_and_the_readme_says_so() {
     );
     let section = &section[..section.find("\n\n").unwrap_or(section.len())];
     let section = section.split_whitespace().collect::<Vec<_>>().join(" ");
-    for rule in role["rules"].as_sequence().unwrap() {
+    for rule in role["rules"].as_array().unwrap() {
         let verbs: Vec<&str> = rule["verbs"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .filter_map(Value::as_str)
             .collect();
-        for resource in rule["resources"].as_sequence().unwrap() {
+        for resource in rule["resources"].as_array().unwrap() {
             let line = format!("`{}`: {}", resource.as_str().unwrap(), verbs.join(", "));
             assert!(
                 section.contains(&line),
@@ -455,7 +446,7 @@ fn deployment_is_locked_down() {
         pod["securityContext"]["seccompProfile"]["type"].as_str(),
         Some("RuntimeDefault")
     );
-    let containers = pod["containers"].as_sequence().unwrap();
+    let containers = pod["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 1);
     let c = &containers[0];
     let sc = &c["securityContext"];
@@ -490,13 +481,13 @@ fn deployment_is_locked_down() {
     );
     // The config is mounted from the ConfigMap the overlays patch.
     let mount = c["volumeMounts"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .find(|m| m["mountPath"].as_str() == Some("/etc/etcdfleet"))
         .expect("config mount");
     let volume = pod["volumes"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .find(|v| v["name"] == mount["name"])
@@ -591,9 +582,10 @@ fn stages_own_disjoint_clusters() {
     let mut tags = Vec::new();
     for (stage, config) in &configs {
         let dir = repo().join(format!("config/stages/{stage}"));
-        let k: Value =
-            serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
-                .unwrap();
+        let k: Value = etcdfleet_api::yaml::from_str(
+            &std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap(),
+        )
+        .unwrap();
         let resources = strings(&k["resources"]);
         assert_eq!(resources[0], "../../default", "{stage}");
         let scope: Vec<String> = if config.namespaces.is_empty() {
@@ -607,7 +599,7 @@ fn stages_own_disjoint_clusters() {
         };
         assert_eq!(resources[1..], scope[..], "{stage}: RBAC scope");
         for ns in &config.namespaces {
-            let inc: Value = serde_yaml::from_str(
+            let inc: Value = etcdfleet_api::yaml::from_str(
                 &std::fs::read_to_string(dir.join(format!("namespaces/{ns}/kustomization.yaml")))
                     .unwrap(),
             )
@@ -635,15 +627,17 @@ fn stages_own_disjoint_clusters() {
     }
     // prod runs 2 replicas.
     let prod = repo().join("config/stages/prod");
-    let k: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(prod.join("kustomization.yaml")).unwrap())
-            .unwrap();
-    let replicas: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(prod.join("replicas.yaml")).unwrap())
-            .unwrap();
+    let k: Value = etcdfleet_api::yaml::from_str(
+        &std::fs::read_to_string(prod.join("kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    let replicas: Value = etcdfleet_api::yaml::from_str(
+        &std::fs::read_to_string(prod.join("replicas.yaml")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(replicas["spec"]["replicas"].as_i64(), Some(2));
     let patches: Vec<&str> = k["patches"]
-        .as_sequence()
+        .as_array()
         .into_iter()
         .flatten()
         .filter_map(|p| p["path"].as_str())
@@ -691,7 +685,7 @@ fn each_stage_renders_with_controller_rbac_for_exactly_its_namespaces() {
         let pod = &deployment["spec"]["template"]["spec"];
         assert!(
             pod["volumes"]
-                .as_sequence()
+                .as_array()
                 .unwrap()
                 .iter()
                 .any(|v| v["configMap"]["name"].as_str() == Some(generated.as_str())),
@@ -786,13 +780,15 @@ fn each_stage_renders_with_controller_rbac_for_exactly_its_namespaces() {
 fn each_stage_seeds_restores_with_the_release_it_runs() {
     for stage in ["dev", "staging", "prod"] {
         let dir = repo().join("config/stages").join(stage);
-        let k: Value =
-            serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
-                .unwrap();
+        let k: Value = etcdfleet_api::yaml::from_str(
+            &std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap(),
+        )
+        .unwrap();
         let tag = k["images"][0]["newTag"].as_str().expect("a pinned tag");
-        let config: Value =
-            serde_yaml::from_str(&std::fs::read_to_string(dir.join("controller.yaml")).unwrap())
-                .unwrap();
+        let config: Value = etcdfleet_api::yaml::from_str(
+            &std::fs::read_to_string(dir.join("controller.yaml")).unwrap(),
+        )
+        .unwrap();
         assert_eq!(
             config["seederImage"].as_str(),
             Some(format!("etcdfleet/controller:{tag}").as_str()),

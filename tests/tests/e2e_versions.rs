@@ -407,7 +407,6 @@ async fn template_edits_reach_existing_clusters_only_by_rebase() -> Result<()> {
         .get("old-etcd")
         .await?
         .spec
-        .unwrap()
         .template
         .spec
         .unwrap()
@@ -478,7 +477,6 @@ async fn a_controller_upgrade_changes_nothing_until_a_cr_changes() -> Result<()>
     );
     let label = |sts: StatefulSet| {
         sts.spec
-            .unwrap()
             .template
             .metadata
             .unwrap()
@@ -765,7 +763,7 @@ async fn a_cluster_rendered_before_per_version_flags_is_not_rewritten_until_its_
     converge_all(&fleet, &mut ctl, &["flags"]).await?;
     let sts: Api<StatefulSet> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
     let args_of = |s: StatefulSet| {
-        s.spec.unwrap().template.spec.unwrap().containers[0]
+        s.spec.template.spec.unwrap().containers[0]
             .args
             .clone()
             .unwrap()

@@ -564,14 +564,11 @@ fn the_seeder_command_the_controller_renders_is_a_program_of_the_image() -> Resu
     let Some(image) = require_image() else {
         return Ok(());
     };
-    let cluster: EtcdCluster = serde_yaml::from_str(RESTORING)?;
+    let cluster: EtcdCluster = etcdfleet_api::yaml::from_str(RESTORING)?;
     let resolution = resolve_own_spec(&cluster.spec)?;
     let inputs = render_inputs(&cluster, &resolution);
     let sts = render::statefulset(&inputs, &RenderProfile::default(), 3);
-    let pod = sts
-        .spec
-        .and_then(|s| s.template.spec)
-        .context("a pod spec")?;
+    let pod = sts.spec.template.spec.context("a pod spec")?;
     let install = pod
         .init_containers
         .unwrap_or_default()

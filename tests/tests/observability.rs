@@ -173,20 +173,20 @@ fn run_promtool(args: &[&std::ffi::OsStr]) -> String {
 }
 
 /// The shipped PrometheusRule's `spec` (a Prometheus rule file).
-fn alert_rules() -> serde_yaml::Value {
+fn alert_rules() -> serde_json::Value {
     let path = repo().join("config/prometheus/etcdfleet-alerts.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let object: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let object: serde_json::Value = etcdfleet_api::yaml::from_str(&text).unwrap();
     assert_eq!(object["kind"].as_str(), Some("PrometheusRule"));
     object["spec"].clone()
 }
 
-fn rules(spec: &serde_yaml::Value) -> Vec<serde_yaml::Value> {
+fn rules(spec: &serde_json::Value) -> Vec<serde_json::Value> {
     spec["groups"]
-        .as_sequence()
+        .as_array()
         .into_iter()
         .flatten()
-        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
         .collect()
 }
 
@@ -237,7 +237,7 @@ fn each_dashboard_panel_shows_one_unit_and_every_query_parses() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dashboard-queries.yaml");
     let rules = serde_json::json!({ "groups": [{ "name": "dashboard", "rules": recording }] });
-    std::fs::write(&file, serde_yaml::to_string(&rules).unwrap()).unwrap();
+    std::fs::write(&file, etcdfleet_api::yaml::to_string(&rules).unwrap()).unwrap();
     let out = run_promtool(&["check".as_ref(), "rules".as_ref(), file.as_os_str()]);
     assert!(out.contains("SUCCESS"), "{out}");
 }
@@ -289,7 +289,7 @@ fn every_alert_parses_names_exported_metrics_and_says_what_to_fix() {
     }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("etcdfleet-alerts.yaml");
-    std::fs::write(&file, serde_yaml::to_string(&spec).unwrap()).unwrap();
+    std::fs::write(&file, etcdfleet_api::yaml::to_string(&spec).unwrap()).unwrap();
     let out = run_promtool(&["check".as_ref(), "rules".as_ref(), file.as_os_str()]);
     assert!(
         out.contains(&format!("{} rules found", rules.len())),
@@ -369,9 +369,9 @@ fn input_series(exposition: &str, minutes: u32) -> Vec<serde_json::Value> {
 }
 
 /// The rule's annotations with `{{ $labels.x }}` filled from `labels`.
-fn expanded(rule: &serde_yaml::Value, labels: &serde_json::Value) -> serde_json::Value {
+fn expanded(rule: &serde_json::Value, labels: &serde_json::Value) -> serde_json::Value {
     let mut out = serde_json::Map::new();
-    for (k, v) in rule["annotations"].as_mapping().into_iter().flatten() {
+    for (k, v) in rule["annotations"].as_object().into_iter().flatten() {
         let mut text = v.as_str().unwrap_or_default().to_string();
         for (label, value) in labels.as_object().into_iter().flatten() {
             text = text.replace(
@@ -380,7 +380,7 @@ fn expanded(rule: &serde_yaml::Value, labels: &serde_json::Value) -> serde_json:
             );
         }
         assert!(!text.contains("{{"), "unexpanded template in {text}");
-        out.insert(k.as_str().unwrap().to_string(), text.into());
+        out.insert(k.clone(), text.into());
     }
     out.into()
 }
@@ -438,8 +438,8 @@ fn each_alert_fires_on_the_state_it_names_and_never_on_a_healthy_cluster() {
             .iter()
             .map(|labels| {
                 let mut all = labels.clone();
-                for (k, v) in rule["labels"].as_mapping().into_iter().flatten() {
-                    all[k.as_str().unwrap()] = v.as_str().unwrap().into();
+                for (k, v) in rule["labels"].as_object().into_iter().flatten() {
+                    all[k.as_str()] = v.as_str().unwrap().into();
                 }
                 serde_json::json!({ "exp_labels": all, "exp_annotations": expanded(rule, labels) })
             })
@@ -450,7 +450,7 @@ fn each_alert_fires_on_the_state_it_names_and_never_on_a_healthy_cluster() {
     }
     let dir = tempfile::tempdir().unwrap();
     let rules_file = dir.path().join("etcdfleet-alerts.yaml");
-    std::fs::write(&rules_file, serde_yaml::to_string(&spec).unwrap()).unwrap();
+    std::fs::write(&rules_file, etcdfleet_api::yaml::to_string(&spec).unwrap()).unwrap();
     // The same series with one backup 30 hours old: only BackupTooOld moves.
     let old_backup = {
         let m = Metrics::new();
@@ -491,7 +491,7 @@ fn each_alert_fires_on_the_state_it_names_and_never_on_a_healthy_cluster() {
         ],
     });
     let test_file = dir.path().join("alerts-test.yaml");
-    std::fs::write(&test_file, serde_yaml::to_string(&tests).unwrap()).unwrap();
+    std::fs::write(&test_file, etcdfleet_api::yaml::to_string(&tests).unwrap()).unwrap();
     let out = run_promtool(&["test".as_ref(), "rules".as_ref(), test_file.as_os_str()]);
     assert!(out.contains("SUCCESS"), "{out}");
 }

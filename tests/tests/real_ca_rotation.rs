@@ -277,12 +277,7 @@ async fn template_hashes(world: &KubeWorld, name: &str) -> Result<Vec<String>> {
     let client = world.workload("w1").admin_client().await?;
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), WORKLOAD_NS);
     let sts = sts.get(&format!("{name}-etcd")).await?;
-    let template = sts
-        .spec
-        .context("spec")?
-        .template
-        .metadata
-        .context("meta")?;
+    let template = sts.spec.template.metadata.context("meta")?;
     let mut hashes = vec![template_hash(&template)];
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, WORKLOAD_NS);
     for o in 0..3 {

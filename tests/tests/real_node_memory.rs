@@ -134,7 +134,7 @@ fn real_node_member_filled_to_80_percent_of_its_quota_under_the_shipped_ha_3_lim
  {
     in_real_world(async |world| {
         let text = std::fs::read_to_string(repo_path("templates/ha-3.yaml"))?;
-        let template: ClusterEtcdTemplate = serde_yaml::from_str(&text)?;
+        let template: ClusterEtcdTemplate = etcdfleet_api::yaml::from_str(&text)?;
         let shipped = template
             .spec
             .config

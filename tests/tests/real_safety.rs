@@ -151,8 +151,8 @@ async fn real_safety_a_second_member_eviction_is_refused_by_the_pdb_while_one_is
     loop {
         let pdb = pdbs.get("shop-etcd").await?;
         let status = pdb.status.clone().context("PDB status")?;
-        if status.disruptions_allowed == 1
-            && status.current_healthy == 3
+        if status.disruptions_allowed == Some(1)
+            && status.current_healthy == Some(3)
             && status.observed_generation >= pdb.metadata.generation
         {
             break;

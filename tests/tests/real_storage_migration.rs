@@ -47,7 +47,7 @@ fn crds_yaml(edit: impl Fn(&mut CustomResourceDefinition)) -> Result<String> {
     for mut c in crd::storage_version_crds() {
         edit(&mut c);
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&c)?);
+        out.push_str(&etcdfleet_api::yaml::to_string(&c)?);
     }
     Ok(out)
 }

@@ -106,10 +106,8 @@ fn spec_changes(
 /// The ClusterEtcdTemplates a rendered stage ships (the platform's
 /// templates are part of it): `clusteretcdtemplates//<name>` → spec.
 fn shipped_templates(rendered: &str) -> Result<BTreeMap<String, Value>> {
-    use serde::Deserialize as _;
     let mut out = BTreeMap::new();
-    for doc in serde_yaml::Deserializer::from_str(rendered) {
-        let doc: Value = serde_json::to_value(serde_yaml::Value::deserialize(doc)?)?;
+    for doc in etcdfleet_api::yaml::documents(rendered)? {
         if doc["kind"] == "ClusterEtcdTemplate" {
             let name = doc["metadata"]["name"].as_str().context("a name")?;
             out.insert(format!("clusteretcdtemplates//{name}"), doc["spec"].clone());

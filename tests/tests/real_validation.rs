@@ -19,7 +19,7 @@ fn cluster(name: &str, spec: &str) -> String {
 
 /// The offline validator's messages for the same object.
 fn offline(yaml: &str) -> String {
-    let value: serde_json::Value = serde_yaml::from_str(yaml).expect("test YAML parses");
+    let value: serde_json::Value = etcdfleet_api::yaml::from_str(yaml).expect("test YAML parses");
     validate_offline("EtcdCluster", &value)
         .err()
         .unwrap_or_default()

@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use etcdfleet_tests::etcd_harness::workspace_root;
-use serde_yaml::Value;
+use serde_json::Value;
 
 /// `(version, commit)` of each CHANGELOG entry, newest first; the candidate
 /// has no commit.
@@ -26,7 +26,7 @@ fn changelog() -> Vec<(String, Option<String>)> {
 
 fn stage_tag(stage: &str) -> String {
     let path = workspace_root().join(format!("config/stages/{stage}/kustomization.yaml"));
-    let k: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let k: Value = etcdfleet_api::yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(
         k["images"][0]["name"].as_str(),
         Some("etcdfleet/controller")

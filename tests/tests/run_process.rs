@@ -245,7 +245,7 @@ impl World {
                 json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
             );
         }
-        let template: Value = serde_yaml::from_str(
+        let template: Value = etcdfleet_api::yaml::from_str(
             &std::fs::read_to_string(repo().join("templates/ha-3.yaml")).expect("ha-3"),
         )
         .expect("ha-3 parses");
@@ -261,7 +261,7 @@ impl World {
                 "data": {"value": secret_value},
             }),
         );
-        let cluster: Value = serde_yaml::from_str(
+        let cluster: Value = etcdfleet_api::yaml::from_str(
             &std::fs::read_to_string(repo().join("config/samples/etcdcluster-minimal.yaml"))
                 .expect("sample"),
         )

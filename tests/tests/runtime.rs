@@ -655,7 +655,7 @@ async fn an_unknown_image_leaves_the_pod_pending_with_err_image_pull() -> Result
     let kube = fleet.workload_client("alpha");
     put_config(&kube, 1, "new").await?;
     let mut sts = etcd_statefulset(1);
-    let template = sts.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    let template = sts.spec.template.spec.as_mut().unwrap();
     template.containers[0].image = Some("gcr.io/etcd-development/etcd:v9.9.9".into());
     Api::<StatefulSet>::namespaced(kube.clone(), NS)
         .create(&PostParams::default(), &sts)

@@ -18,7 +18,7 @@ fn repo_path(rel: &str) -> PathBuf {
 
 fn load<T: serde::de::DeserializeOwned>(path: &Path) -> T {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    etcdfleet_api::yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn platform_template(name: &str) -> ClusterEtcdTemplate {
@@ -27,7 +27,7 @@ fn platform_template(name: &str) -> ClusterEtcdTemplate {
 
 /// The smallest cluster a customer writes: where, and which template.
 fn minimal_cluster(kind: &str, template: &str) -> EtcdClusterSpec {
-    serde_yaml::from_str(&format!(
+    etcdfleet_api::yaml::from_str(&format!(
         "clusterRef: {{name: shop}}\ntemplateRef: {{kind: {kind}, name: {template}}}\n"
     ))
     .unwrap()
@@ -147,9 +147,9 @@ fn shipped_memory_limits_are_at_least_twice_the_backend_quota() {
 
 #[test]
 fn templates_kustomization_lists_every_template() {
-    let k: serde_yaml::Value = load(&repo_path("templates/kustomization.yaml"));
+    let k: serde_json::Value = load(&repo_path("templates/kustomization.yaml"));
     let listed: Vec<&str> = k["resources"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|r| r.as_str().unwrap())
@@ -174,7 +174,7 @@ fn every_sample_parses_and_passes_cel() {
         if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
             continue;
         }
-        let doc: serde_yaml::Value = load(&path);
+        let doc: serde_json::Value = load(&path);
         let kind = doc["kind"].as_str().unwrap_or_default().to_string();
         let result = match kind.as_str() {
             "EtcdCluster" => load::<EtcdCluster>(&path).validate_cel(),

@@ -550,7 +550,7 @@ fn the_shipped_crd_yaml_validates_like_the_generated_crd() {
         "/../config/crd/etcdclusters.etcdfleet.dev.yaml"
     ))
     .expect("config/crd is in the repository");
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml).expect("a CRD");
+    let crd: CustomResourceDefinition = crate::yaml::from_str(&yaml).expect("a CRD");
     let errors = validate_object(&crd, &with("replicas", json!(4)), None).unwrap_err();
     assert_eq!(errors[0].field, "spec.replicas");
     let errors = validate_object(&crd, &with("storage.size", json!("lots")), None).unwrap_err();

@@ -10,9 +10,7 @@ use etcdfleet_api::{
     ClusterEtcdTemplate, EtcdCluster, EtcdFleetRollout, EtcdTemplate, TemplateKind,
 };
 use kube::ResourceExt;
-use serde::Deserialize;
 
-use super::document::JsonDocument;
 use super::validate::validate_offline;
 
 /// The objects found in a set of manifests.
@@ -66,16 +64,18 @@ impl Manifests {
 
     /// Adds the documents of another stream.
     pub fn add(&mut self, yaml: &str, source_name: &str) -> Result<(), CliError> {
-        for (i, doc) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
+        let documents = etcdfleet_api::yaml::documents(yaml).map_err(|e| CliError::Yaml {
+            source_name: source_name.to_string(),
+            error: e,
+        })?;
+        for (i, value) in documents.into_iter().enumerate() {
             let index = i + 1;
-            let err = |message: String| CliError::Document {
-                source_name: source_name.to_string(),
-                index,
-                message,
-            };
-            let JsonDocument(value) =
-                JsonDocument::deserialize(doc).map_err(|e| err(e.to_string()))?;
-            self.add_value(value, source_name, index).map_err(err)?;
+            self.add_value(value, source_name, index)
+                .map_err(|message| CliError::Document {
+                    source_name: source_name.to_string(),
+                    index,
+                    message,
+                })?;
         }
         Ok(())
     }
@@ -206,6 +206,13 @@ impl Manifests {
 /// Bad input files.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
+    /// Not YAML: nothing of the stream is used.
+    #[error("{source_name}: {error}")]
+    Yaml {
+        source_name: String,
+        #[source]
+        error: etcdfleet_api::yaml::YamlError,
+    },
     #[error("{source_name}: document {index}: {message}")]
     Document {
         source_name: String,

@@ -12,7 +12,6 @@
 //! observation the controller's assembler (`etcdcluster::observe::assemble`)
 //! makes from readings taken from the status.
 
-mod document;
 pub mod manifests;
 pub mod plan;
 pub mod render;

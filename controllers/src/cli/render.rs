@@ -97,10 +97,11 @@ pub fn render_cluster(
 
 impl fmt::Display for RenderReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let yaml = |v: &serde_json::Value| serde_yaml::to_string(v).unwrap_or_default();
+        let yaml =
+            |v: &serde_json::Value| etcdfleet_api::yaml::to_string(v).map_err(|_| fmt::Error);
         writeln!(f, "# EtcdCluster {}", self.cluster)?;
         writeln!(f, "# resolved spec:")?;
-        for line in yaml(&resolved_spec_value(&self.resolution)).lines() {
+        for line in yaml(&resolved_spec_value(&self.resolution))?.lines() {
             writeln!(f, "#   {line}")?;
         }
         writeln!(f, "# where each field came from:")?;
@@ -128,7 +129,7 @@ impl fmt::Display for RenderReport {
         )?;
         for object in &self.objects {
             writeln!(f, "---")?;
-            f.write_str(&yaml(object))?;
+            f.write_str(&yaml(object)?)?;
         }
         Ok(())
     }

@@ -205,14 +205,10 @@ pub fn yaml_documents(dir: &Path) -> Result<Vec<Value>> {
     for path in entries {
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = serde::Deserialize::deserialize(doc)
-                .map(|v: Value| v)
-                .with_context(|| format!("parsing {}", path.display()))?;
-            if !value.is_null() {
-                docs.push(value);
-            }
-        }
+        docs.extend(
+            etcdfleet_api::yaml::documents(&text)
+                .with_context(|| format!("parsing {}", path.display()))?,
+        );
     }
     Ok(docs)
 }

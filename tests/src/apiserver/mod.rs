@@ -326,7 +326,7 @@ impl Inner {
                 return Ok(json!({}));
             }
             serde_json::from_slice(bytes)
-                .or_else(|_| serde_yaml::from_slice(bytes))
+                .or_else(|_| etcdfleet_api::yaml::from_slice(bytes))
                 .map_err(|e| bad_request(format!("the request body is not valid: {e}")))
         };
         let mut store = self.store.lock().expect("store lock");
@@ -742,11 +742,7 @@ impl ApiServer {
 
     /// Adds RBAC objects (Role, ClusterRole, bindings) from YAML text.
     pub fn add_rbac_yaml(&self, text: &str) -> Result<()> {
-        let mut docs = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(text) {
-            let v: Value = serde::Deserialize::deserialize(doc)?;
-            docs.push(v);
-        }
+        let docs = etcdfleet_api::yaml::documents(text)?;
         self.inner
             .rbac
             .lock()

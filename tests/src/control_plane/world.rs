@@ -323,7 +323,7 @@ impl KubeWorld {
             .context("TokenRequest for the controller's ServiceAccount")?;
         token
             .status
-            .map(|s| s.token)
+            .and_then(|s| s.token)
             .context("TokenRequest answered without a token")
     }
 

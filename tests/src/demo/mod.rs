@@ -308,7 +308,7 @@ impl<'a> Demo<'a> {
             }
         }
         for m in &manifests {
-            let cluster: EtcdCluster = serde_yaml::from_str(m).context("demo manifest")?;
+            let cluster: EtcdCluster = etcdfleet_api::yaml::from_str(m).context("demo manifest")?;
             self.api()
                 .create(&PostParams::default(), &cluster)
                 .await
@@ -460,12 +460,12 @@ impl<'a> Demo<'a> {
         let mut published = Vec::new();
         for path in paths {
             let text = std::fs::read_to_string(&path)?;
-            let value: serde_yaml::Value = serde_yaml::from_str(&text)
+            let value = etcdfleet_api::yaml::value(&text)
                 .with_context(|| format!("{} is not YAML", path.display()))?;
             if value.get("kind").and_then(|k| k.as_str()) != Some("ClusterEtcdTemplate") {
                 continue;
             }
-            let template: ClusterEtcdTemplate = serde_yaml::from_value(value)
+            let template: ClusterEtcdTemplate = etcdfleet_api::yaml::from_value(value)
                 .with_context(|| format!("{} is not a ClusterEtcdTemplate", path.display()))?;
             let created = api
                 .create(&PostParams::default(), &template)

@@ -51,7 +51,7 @@ impl Inner {
         pods: &[Pod],
         pvcs: &BTreeSet<PodKey>,
     ) -> Result<()> {
-        let Some(spec) = &sts.spec else { return Ok(()) };
+        let spec = &sts.spec;
         let ns = sts.namespace().unwrap_or_default();
         let name = sts.name_any();
         let uid = sts.uid().unwrap_or_default();
@@ -130,11 +130,7 @@ impl Inner {
     ) -> Result<()> {
         let ns = sts.namespace().unwrap_or_default();
         let mut labels = template.labels().clone();
-        if let Some(selector) = sts
-            .spec
-            .as_ref()
-            .and_then(|s| s.selector.match_labels.as_ref())
-        {
+        if let Some(selector) = sts.spec.selector.match_labels.as_ref() {
             labels.extend(selector.clone());
         }
         let spec = template.spec.clone().unwrap_or_default();
@@ -165,7 +161,7 @@ impl Inner {
     }
 
     async fn create_pod(&self, sts: &StatefulSet, ordinal: i32, revision: &str) -> Result<()> {
-        let spec = sts.spec.as_ref().expect("checked by caller");
+        let spec = &sts.spec;
         let ns = sts.namespace().unwrap_or_default();
         let name = sts.name_any();
         let pod_name = format!("{name}-{ordinal}");
@@ -231,7 +227,7 @@ impl Inner {
             let name = sts.name_any();
             let uid = sts.uid().unwrap_or_default();
             let revision = template_revision(sts);
-            let want = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let want = sts.spec.replicas.unwrap_or(1);
             let owned: Vec<&Pod> = pods
                 .iter()
                 .filter(|p| {
@@ -286,7 +282,7 @@ impl Inner {
         Ok(stss
             .iter()
             .filter(|sts| {
-                let want = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                let want = sts.spec.replicas.unwrap_or(1);
                 let status = sts.status.clone().unwrap_or_default();
                 status.replicas != want
                     || status.ready_replicas.unwrap_or(0) != want
@@ -317,11 +313,7 @@ fn pod_ready(pod: &Pod) -> bool {
 
 /// A short stable hash of the pod template (the revision of a StatefulSet).
 fn template_revision(sts: &StatefulSet) -> String {
-    let template = sts
-        .spec
-        .as_ref()
-        .map(|s| serde_json::to_string(&s.template).unwrap_or_default())
-        .unwrap_or_default();
+    let template = serde_json::to_string(&sts.spec.template).expect("a pod template serializes");
     // FNV-1a: stable across processes, unlike the std hasher.
     let mut h: u64 = 0xcbf29ce484222325;
     for b in template.bytes() {

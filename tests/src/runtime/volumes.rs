@@ -265,7 +265,9 @@ impl Inner {
             .create_token_request(&account, &PostParams::default(), &request)
             .await
             .with_context(|| format!("a token for ServiceAccount {ns}/{account}"))?;
-        Ok(answer.status.map(|s| s.token).unwrap_or_default())
+        answer.status.and_then(|s| s.token).with_context(|| {
+            format!("the TokenRequest for ServiceAccount {ns}/{account} answered no token")
+        })
     }
 
     pub(super) async fn collect_pvc_dirs(&self, state: &mut State) -> Result<()> {

@@ -1,5 +1,4 @@
-//! How `render` and `plan` read a manifest: one YAML document as the API
-//! server reads a JSON body.
+//! One YAML document read as the API server reads a JSON body.
 
 use std::fmt;
 
