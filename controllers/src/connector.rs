@@ -165,6 +165,10 @@ impl WorkloadClientFactory for KubeconfigClientFactory {
             .map_err(|e| e.to_string())?;
             config.connect_timeout = Some(self.connect_timeout);
             config.read_timeout = Some(self.read_timeout);
+            // The read timeout counts from each request's write (kube 5),
+            // not from when its pooled connection went idle: otherwise a
+            // connection idle for 9 s leaves its next request 11 s of 20.
+            config.reset_reader_on_write = true;
             // kube's default retry answers a 503/429/504 with up to 15
             // retries on a doubling backoff (minutes in all), stalling the
             // reconcile of a cluster whose API is down; the connector's own
@@ -223,6 +227,7 @@ fn workload_client(config: kube::Config) -> Result<Client, kube::Error> {
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
     let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
         hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
             .pool_idle_timeout(IDLE_CONNECTION)
@@ -598,3 +603,6 @@ impl WorkloadClusterConnector {
         self.cache.lock().expect("connector cache poisoned").len()
     }
 }
+
+#[cfg(test)]
+mod tests;
