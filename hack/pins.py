@@ -13,7 +13,10 @@ Pins and their registries:
   - the workspace's Kubernetes client crates (Cargo.toml): crates.io's index.
 
 A pin kept below its line's newest on purpose says why in the last column
-(`etcd-3.5-old` stays below the 3.6 upgrade gate). Not part of `make test`:
+(`etcd-3.5-old` stays below the 3.6 upgrade gate). An etcd release counts as
+served only when every module the wrapper builds (server, etcdctl, etcdutl)
+is served with a checksum the sum database vouches for: `go mod tidy` needs
+all three (etcdctl 3.5 requires etcdutl of its own patch). Not part of `make test`:
 it reads registries, and staleness is a fact to see, not a test to fail.
 """
 
@@ -57,6 +60,43 @@ def newest(versions, line=None, below=None):
     return ".".join(map(str, max(rs))) if rs else "?"
 
 
+# Modules a wrapper of that kind builds, each needed at the same version.
+WHOLE = {"etcd": ["go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/etcdctl/v3", "go.etcd.io/etcd/etcdutl/v3"]}
+
+
+def served(url):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def whole(kind, version):
+    """Whether every module of `kind` at `version` is served and in the sum database."""
+    base = PROXY.rstrip("/")
+    return all(
+        served(f"{base}/{m}/@v/v{version}.mod")
+        and served(f"{base}/sumdb/sum.golang.org/lookup/{m}@v{version}")
+        for m in WHOLE.get(kind, [])
+    )
+
+
+def newest_whole(kind, versions, line, below):
+    """The newest release of the line that is served whole, and the newer ones that are not."""
+    rs = sorted(
+        (r for r in map(release, versions) if r and r[:2] == line and (below is None or r < below)),
+        reverse=True,
+    )
+    missing = []
+    for r in rs:
+        v = ".".join(map(str, r))
+        if whole(kind, v):
+            return v, missing
+        missing.append(v)
+    return "?", missing
+
+
 def go_versions(module):
     escaped = re.sub(r"[A-Z]", lambda m: "!" + m.group(0).lower(), module)
     return fetch(f"{PROXY}/{escaped}/@v/list").split()
@@ -84,8 +124,13 @@ def upstream_pins():
             module, pin = "github.com/coredns/coredns", m.group(1)
         versions = go_versions(module)
         line = release(pin)[:2]
-        line_newest = newest(versions, line, BELOW.get(name))
-        row(name, pin, line_newest, newest(versions), WHY.get(name, ""))
+        kind = m.group(1) if m.re.pattern.startswith("wrapper") else "coredns"
+        line_newest, missing = newest_whole(kind, versions, line, BELOW.get(name))
+        note = WHY.get(name, "")
+        if missing:
+            gap = f"{missing[-1]}-{missing[0]}" if len(missing) > 1 else missing[0]
+            note = "; ".join(filter(None, [note, f"{gap} not served whole"]))
+        row(name, pin, line_newest, newest(versions), note)
 
 
 def pypi_etcd():
@@ -113,7 +158,7 @@ def crates():
     """A crate's pin is a semver requirement: it is current when the newest
     release is within it."""
     cargo = (ROOT / "Cargo.toml").read_text()
-    for crate in ["kube", "k8s-openapi", "serde_yaml", "etcd-client"]:
+    for crate in ["kube", "k8s-openapi", "serde-saphyr", "etcd-client"]:
         m = re.search(rf'^{re.escape(crate)} = (?:\{{ version = )?"([^"]+)"', cargo, re.M)
         if not m:
             print(f"{'crate ' + crate:24} not a workspace dependency")
