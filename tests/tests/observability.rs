@@ -184,9 +184,14 @@ fn alert_rules() -> serde_json::Value {
 fn rules(spec: &serde_json::Value) -> Vec<serde_json::Value> {
     spec["groups"]
         .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .expect("the PrometheusRule has groups")
+        .iter()
+        .flat_map(|g| {
+            g["rules"]
+                .as_array()
+                .cloned()
+                .expect("every group has rules")
+        })
         .collect()
 }
 
