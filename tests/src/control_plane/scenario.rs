@@ -4,7 +4,7 @@
 //! own CA and the controller's client identity).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use etcdfleet_api::EtcdCluster;
@@ -154,12 +154,27 @@ async fn member_ips(
                 .map(|ip| ip.to_string()),
             Nodes::Real(_) => {
                 let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, WORKLOAD_NS);
-                pods.get(&pod).await?.status.and_then(|s| s.pod_ip)
+                published_ip(&pods, &pod).await?
             }
         };
         ips.push(ip.with_context(|| format!("{pod} has no IP"))?);
     }
     Ok(ips)
+}
+
+/// A real kubelet posts a pod's IP in a status update of its own, after the
+/// container runs: etcd can already answer through port-forward (and the
+/// cluster be Available) while `status.podIP` is still empty. Waits up to
+/// 30 s for it (seen: kubelet 1.35.4, right after Available).
+async fn published_ip(pods: &Api<Pod>, pod: &str) -> Result<Option<String>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ip = pods.get(pod).await?.status.and_then(|s| s.pod_ip);
+        if ip.is_some() || Instant::now() > deadline {
+            return Ok(ip);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 pub async fn put(
