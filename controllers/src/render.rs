@@ -329,6 +329,21 @@ pub fn members_configmap(inputs: &RenderInputs, initial_cluster: &str, state: &s
     cm
 }
 
+/// What the members ConfigMap announces when no member is to join: a
+/// member that starts on an empty data directory finds its name missing and
+/// exits (etcd: "couldn't find local name … in the initial cluster
+/// configuration") instead of joining under its old member id with none of
+/// its data, which etcd would accept (a member that joins an existing
+/// cluster is matched to its old id by its peer URL) and which would let
+/// it vote without the log it acknowledged.
+pub const CLOSED_INITIAL_CLUSTER: &str = "etcdfleet-no-member-joins=https://closed.invalid:2380";
+
+/// The members ConfigMap announcing no member to join
+/// ([`CLOSED_INITIAL_CLUSTER`]), once every member has its data.
+pub fn closed_members_configmap(inputs: &RenderInputs) -> ConfigMap {
+    members_configmap(inputs, CLOSED_INITIAL_CLUSTER, "existing")
+}
+
 /// Key of the CA bundle ConfigMap: the CAs clients should trust.
 pub const CA_BUNDLE_KEY: &str = "ca.crt";
 

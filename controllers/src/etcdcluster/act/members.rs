@@ -131,11 +131,25 @@ pub(super) async fn add_learner(on: &Target<'_>, ordinal: u32) -> Result<()> {
     Ok(())
 }
 
+/// Closes the members ConfigMap (the learner has joined: its data
+/// directory holds the cluster, so it no longer reads the announcement),
+/// then promotes the learner.
 pub(super) async fn promote_learner(on: &Target<'_>, member_id: u64) -> Result<()> {
+    close_members_configmap(on).await?;
     etcd_client(on.observed)
         .await?
         .promote_learner(member_id)
         .await?;
+    Ok(())
+}
+
+/// Announces no member to join (see [`render::closed_members_configmap`]):
+/// a member whose volume comes back empty cannot start under its old
+/// identity with none of its data.
+pub(super) async fn close_members_configmap(on: &Target<'_>) -> Result<()> {
+    apply(&on.api(), &render::closed_members_configmap(on.inputs))
+        .await
+        .map_err(|e| on.err(e))?;
     Ok(())
 }
 

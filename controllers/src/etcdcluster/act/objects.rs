@@ -152,30 +152,40 @@ async fn kept_leaf(
 }
 
 /// The members ConfigMap, lost after bootstrap: members start with existing
-/// data, or join as learners that AddLearner announces again.
+/// data, or join as learners that AddLearner announces. While a member
+/// added to etcd has not started yet, it is announced again with the
+/// members etcd lists; otherwise no member is (a member whose volume comes
+/// back empty must not join under its old identity).
 async fn write_members_configmap(on: &Target<'_>) -> Result<()> {
     let (inputs, observed, names) = (on.inputs, on.observed, on.names());
-    let initial = match &observed.health {
-        Some(h) => super::members::initial_cluster_of(names, inputs.tls, h, None),
-        None => render::initial_cluster(names, inputs.tls, observed.pvcs.keys().copied()),
+    let joining = observed
+        .health
+        .as_ref()
+        .filter(|h| h.members().iter().any(|m| !m.member.is_started()));
+    let configmap = match joining {
+        Some(h) => render::members_configmap(
+            inputs,
+            &super::members::initial_cluster_of(names, inputs.tls, h, None),
+            "existing",
+        ),
+        None => render::closed_members_configmap(inputs),
     };
-    apply(
-        &on.api::<ConfigMap>(),
-        &render::members_configmap(inputs, &initial, "existing"),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|e| on.err(e))
+    apply(&on.api::<ConfigMap>(), &configmap)
+        .await
+        .map(|_| ())
+        .map_err(|e| on.err(e))
 }
 
 /// The StatefulSet rewritten at its current size.
 async fn write_statefulset(on: &Target<'_>) -> Result<()> {
+    let replicas = (on.observed.planner.statefulset.as_ref()).map_or(1, |s| s.replicas);
+    write_statefulset_at(on, replicas).await
+}
+
+/// The StatefulSet rewritten with `replicas`.
+pub(super) async fn write_statefulset_at(on: &Target<'_>, replicas: u32) -> Result<()> {
     let (ctx, observed) = (on.ctx, on.observed);
-    let replicas = observed
-        .planner
-        .statefulset
-        .as_ref()
-        .map_or(1, |s| s.replicas as i32);
+    let replicas = replicas as i32;
     // The members keep the token they were bootstrapped with (etcd
     // ignores it on a data directory, but the template stays true).
     let inputs = &RenderInputs {
