@@ -146,6 +146,7 @@ pub struct ResolvedEtcdSpec {
     pub pod: PodTemplateOverrides,
     pub tuning: ResolvedTuning,
     pub backup: Option<BackupSpec>,
+    pub recovery: crate::recovery::ResolvedRecovery,
 }
 
 /// The outcome of a resolution: the resolved spec, where each field came from,
@@ -586,6 +587,7 @@ fn finish(
         tls_enabled,
         pod: config.pod_template.unwrap_or_default(),
         tuning,
+        recovery: crate::recovery::RecoverySpec::resolve(config.recovery.as_ref()),
         backup: config.backup,
     })
 }

@@ -107,6 +107,11 @@ pub struct EtcdConfig {
     /// Scheduled backups of this cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
+
+    /// What the controller may do on its own when the cluster loses its
+    /// quorum for good (default: nothing, a person decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<crate::recovery::RecoverySpec>,
 }
 
 /// Persistent volume of each member. On an `EtcdCluster` both fields are
@@ -445,6 +450,13 @@ pub struct EtcdClusterStatus {
     /// phase and when it started and last moved on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_rotation: Option<crate::ca_rotation::CaRotationStatus>,
+
+    /// The last (or current) recovery from a permanent loss of quorum
+    /// (`spec.recovery`): its phase, the evidence each lost member was
+    /// counted lost on, the member it recovered from, the revision kept
+    /// and the loss window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_recovery: Option<crate::recovery::RecoveryStatus>,
 }
 
 /// A fleet rollout that changed a cluster.

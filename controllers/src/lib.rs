@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod names;
 pub mod pki;
+pub mod recovery;
 pub mod render;
 pub mod restore;
 pub mod rollout;

@@ -121,12 +121,24 @@ pub struct Metrics {
     ca_rotation_phase: Family<ClusterPhaseLabels, Gauge>,
     /// The phases with a series, per cluster (to drop them with it).
     ca_rotation_phases: Mutex<HashMap<String, Vec<String>>>,
+    /// Recoveries from a lost quorum started, per cluster.
+    quorum_loss_recoveries: Family<ClusterLabels, Counter>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The counter of recoveries from a lost quorum, by cluster.
+fn recoveries_family(r: &mut Registry) -> Family<ClusterLabels, Counter> {
+    registered(
+        r,
+        "quorum_loss_recoveries",
+        "Recoveries from a permanent loss of quorum started (spec.recovery), by cluster",
+        Family::default(),
+    )
 }
 
 /// A planner answer as the `plan` label of the plans counter names it (the
@@ -212,6 +224,7 @@ impl Metrics {
             "Phase of the last CA rotation, by cluster: 1 for the current phase, 0 for the others",
             Family::default(),
         );
+        let quorum_loss_recoveries = recoveries_family(&mut r);
         let BackupSeries {
             backup_age,
             backup_size,
@@ -227,6 +240,7 @@ impl Metrics {
             registry: r,
             ca_rotation_phase,
             ca_rotation_phases: Mutex::new(HashMap::new()),
+            quorum_loss_recoveries,
             reconciles,
             failures,
             reconcile_duration,
@@ -461,6 +475,15 @@ impl Metrics {
         self.backup_duration.observe(took.as_secs_f64());
     }
 
+    /// Counts a recovery from a lost quorum started on `cluster`.
+    pub fn observe_recovery_started(&self, cluster: &str) {
+        self.quorum_loss_recoveries
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_string(),
+            })
+            .inc();
+    }
+
     /// Drops every series of `cluster` (`namespace/name`): it was deleted.
     pub fn forget_cluster(&self, cluster: &str) {
         self.set_cluster_conditions(cluster, None);
@@ -476,6 +499,7 @@ impl Metrics {
         self.backup_size.remove(&labels);
         self.cluster_voters.remove(&labels);
         self.cluster_healthy_voters.remove(&labels);
+        self.quorum_loss_recoveries.remove(&labels);
         for certificate in ["ca", "client"] {
             self.set_certificate_expiry(cluster, certificate, None);
         }

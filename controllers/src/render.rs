@@ -124,6 +124,11 @@ pub struct RenderInputs {
     /// Not part of any hash.
     #[serde(skip)]
     pub publish_ca_bundle: bool,
+    /// A recovery forcing a new cluster from one member (the
+    /// `force-new-cluster` init containers). Not part of any hash: it is
+    /// membership state, taken out again once the member forced.
+    #[serde(skip)]
+    pub force_new_cluster: Option<crate::recovery::ForceNewCluster>,
 }
 
 /// How this controller release renders. Tests switch to a "next release"
@@ -669,11 +674,27 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
     let (mounts, mut volumes) = member_volumes(inputs, &names);
     let data_mount = mounts[0].clone();
     let container = etcd_container(inputs, profile, &names, mounts);
-    let init_containers = inputs.restore.as_ref().map(|record| {
+    let etcd_run = crate::recovery::EtcdContainer {
+        image: inputs.image.clone(),
+        args: container.args.clone().unwrap_or_default(),
+        env: member_env(&names),
+        data_mount: data_mount.clone(),
+        mounts: mounts_after_data(&container),
+        data_dir: format!("{DATA_MOUNT}/data"),
+        tools_binary: SEEDER_IMAGE_BINARY,
+    };
+    let mut init_containers = inputs.restore.as_ref().map(|record| {
         let (containers, volume) = restore_init_containers(inputs, record, &data_mount);
         volumes.push(volume);
         containers
     });
+    if let Some(force) = &inputs.force_new_cluster {
+        let (containers, volume) = crate::recovery::init_containers(force, &etcd_run);
+        volumes.push(volume);
+        init_containers
+            .get_or_insert_with(Vec::new)
+            .extend(containers);
+    }
     let overrides = &inputs.pod;
     let hash = profile.statefulset_hash(inputs);
     StatefulSet {
@@ -728,6 +749,17 @@ pub fn statefulset(inputs: &RenderInputs, profile: &RenderProfile, replicas: i32
         },
         ..Default::default()
     }
+}
+
+/// The etcd container's mounts other than its data volume (TLS).
+fn mounts_after_data(container: &Container) -> Vec<VolumeMount> {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .skip(1)
+        .cloned()
+        .collect()
 }
 
 /// The member pods' labels: the selector, the owner, then the spec's and the
@@ -977,6 +1009,7 @@ mod tests {
             initial_cluster_token: None,
             ca_roll_stamp: None,
             publish_ca_bundle: false,
+            force_new_cluster: None,
         }
     }
 

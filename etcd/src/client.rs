@@ -610,6 +610,7 @@ impl MemberClient {
             raft_index: resp.raft_index(),
             raft_term: resp.raft_term(),
             raft_applied_index: resp.raft_applied_index(),
+            revision: resp.header().map(|h| h.revision()).unwrap_or_default(),
             db_size: resp.db_size(),
             db_size_in_use: resp.raft_used_db_size(),
             is_learner: resp.is_learner(),
@@ -658,6 +659,17 @@ impl MemberClient {
             )));
         }
         Ok((listed_by, members))
+    }
+
+    /// The membership as this member's own store has it, and its id,
+    /// without asking a quorum: what a member can still say when the
+    /// cluster has lost its quorum (it may be stale; only a caller that
+    /// knows the quorum is gone should use it).
+    pub async fn local_members(&self) -> Result<(u64, Vec<Member>)> {
+        let list = |mut c: Client| async move { c.member_list().await };
+        let resp = self.ask("member list", |d| d.request, None, list).await?;
+        let listed_by = resp.header().map(|h| h.member_id()).unwrap_or_default();
+        Ok((listed_by, members(resp.members())))
     }
 
     /// Healthy means this member answers a linearizable read within the

@@ -408,6 +408,7 @@ mod tests {
                 raft_index,
                 raft_term: 2,
                 raft_applied_index: raft_index,
+                revision: raft_index as i64,
                 db_size: 20480,
                 db_size_in_use: 16384,
                 is_learner,

@@ -45,6 +45,8 @@ pub struct MemberStatus {
     pub raft_index: u64,
     pub raft_term: u64,
     pub raft_applied_index: u64,
+    /// The store revision this member has applied (the answer's header).
+    pub revision: i64,
     pub db_size: i64,
     pub db_size_in_use: i64,
     pub is_learner: bool,

@@ -8,7 +8,9 @@
 //! - `migrate-storage`: rewrites every stored etcdfleet object at the CRDs'
 //!   storage version and trims `status.storedVersions`;
 //! - `restore-seed` / `install-seeder`: the init containers of a restoring
-//!   member (run from this binary inside the etcd image).
+//!   member (run from this binary inside the etcd image);
+//! - `force-new-cluster`: the init container of a cluster recovering from a
+//!   lost quorum (once, on the member the recovery chose).
 //!
 //! The wiring is thin on purpose: decisions live in the library (`run` is
 //! `etcdfleet_controllers::runner`).
@@ -122,6 +124,16 @@ enum Command {
     /// does this image or host trust any CA? Exit 1 when it trusts none).
     #[command(hide = true)]
     CaCertificates,
+    /// Restart a member's etcd once with --force-new-cluster (the init
+    /// container of a cluster recovering from a lost quorum).
+    ///
+    /// On the pod --member names (and no other), unless the marker next to
+    /// --data-dir names this --recovery-id: runs the etcd command line after
+    /// `--` with --force-new-cluster, waits until /health on its metrics
+    /// listener says healthy, stops it, and writes the marker. Exit 0 when
+    /// done or nothing to do; 1 when etcd failed or the volume holds no data.
+    #[command(verbatim_doc_comment)]
+    ForceNewCluster(Box<ForceArgs>),
     /// Copy this etcdfleet binary to a path (mode 0755).
     ///
     /// The first init container of a restoring member runs it from the
@@ -132,6 +144,31 @@ enum Command {
         /// Where to write the binary, e.g. /opt/etcdfleet/etcdfleet.
         dest: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct ForceArgs {
+    /// The pod this runs in ($(POD_NAME)).
+    #[arg(long)]
+    pod: String,
+    /// The member the recovery chose (its pod name).
+    #[arg(long)]
+    member: String,
+    /// The recovery (status.lastRecovery.id).
+    #[arg(long)]
+    recovery_id: String,
+    /// etcd's --data-dir.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// The etcd binary.
+    #[arg(long, default_value = "etcd")]
+    etcd: PathBuf,
+    /// How long the forced etcd may take to serve.
+    #[arg(long, default_value_t = 300)]
+    timeout_seconds: u64,
+    /// etcd's command line, after `--`.
+    #[arg(last = true)]
+    etcd_args: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -322,6 +359,7 @@ fn main() -> ExitCode {
             member_failure_grace_seconds,
         } => plan(&files, member_failure_grace_seconds),
         Command::RestoreSeed(args) => restore_seed(&args),
+        Command::ForceNewCluster(args) => current_thread(force_new_cluster(*args)),
         Command::MigrateStorage { kubeconfig } => current_thread(migrate_storage(kubeconfig)),
         Command::Resolve { host } => current_thread(resolve(host)),
         Command::CaCertificates => {
@@ -344,6 +382,29 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+async fn force_new_cluster(args: ForceArgs) -> ExitCode {
+    use etcdfleet_controllers::recovery::force::{ForceRequest, force};
+    let req = ForceRequest {
+        pod: args.pod,
+        member: args.member,
+        recovery_id: args.recovery_id,
+        data_dir: args.data_dir,
+        etcd: args.etcd,
+        etcd_args: args.etcd_args,
+        timeout: Duration::from_secs(args.timeout_seconds),
+    };
+    match force(&req).await {
+        Ok(outcome) => {
+            println!("force-new-cluster: {outcome:?} ({})", req.recovery_id);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("force-new-cluster: {e}");
+            ExitCode::FAILURE
         }
     }
 }

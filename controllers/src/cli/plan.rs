@@ -272,8 +272,36 @@ pub fn plan_cluster(
     let readings = status_readings(&inputs, replicas, &status, now, member_failure_grace);
     let mut obs = assemble(readings);
     unanswered_as_reported(&status, &mut obs);
+    obs.recovery = offline_recovery(resolution.spec.recovery, &status, &obs, now);
     let planned = plan_next_step(&obs);
     plan(describe_plan(&planned, &obs), Some(planned))
+}
+
+/// What a recovery from a lost quorum decides from, offline: the policy,
+/// the status's record and failure clock; the workload cluster's volumes
+/// and Nodes are not read, so a loss is judged on what the status says.
+fn offline_recovery(
+    policy: etcdfleet_api::recovery::ResolvedRecovery,
+    status: &EtcdClusterStatus,
+    obs: &crate::etcdcluster::plan::Observation,
+    now: Timestamp,
+) -> crate::etcdcluster::plan::RecoveryObservation {
+    let down_since = match &obs.etcd {
+        EtcdObservation::Observed(h) => {
+            crate::etcdcluster::observe::history::down_since(status, h, policy.lost_after, now)
+        }
+        EtcdObservation::Unreachable(_) => Default::default(),
+    };
+    crate::etcdcluster::plan::RecoveryObservation {
+        policy,
+        record: status.last_recovery.clone(),
+        down_since,
+        nodes: Some(Err(
+            "etcdfleet plan does not read the workload cluster's volumes or Nodes".into(),
+        )),
+        last_seen_revision: None,
+        local_view: None,
+    }
 }
 
 /// The plan of a status that lists no members, when it is not a new
@@ -330,6 +358,7 @@ pub fn status_readings(
             image: inputs.image.clone(),
             template_hash: None,
             template_seen: true,
+            forcing: None,
         }),
         pods,
         pvcs,
@@ -345,6 +374,7 @@ pub fn status_readings(
         // A running cluster: the restore gate applies only before bootstrap.
         restore: Default::default(),
         ca_rotation: Default::default(),
+        recovery: Default::default(),
     }
 }
 
@@ -456,6 +486,8 @@ fn pods_and_volumes_from_status(
                     stuck_deleting: false,
                     ready_means_etcd_healthy: true,
                     last_exit: None,
+                    node: None,
+                    forcing: None,
                 },
             )
         })
@@ -472,6 +504,7 @@ fn pods_and_volumes_from_status(
                     owner_recorded: true,
                     etcd_version: ordinals.get(o).and_then(|m| m.version.clone()),
                     deleting: false,
+                    node: None,
                 },
             )
         })

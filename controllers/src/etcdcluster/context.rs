@@ -100,6 +100,9 @@ pub struct Context {
     pub held: std::sync::Mutex<std::collections::HashMap<String, (Option<i64>, u32)>>,
     pub settings: ReconcilerSettings,
     pub profile: RenderProfile,
+    /// Per cluster, the highest revision seen while it had its quorum (a
+    /// recovery's loss window starts after the revision it keeps).
+    pub last_revisions: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
 impl Context {
@@ -121,6 +124,7 @@ impl Context {
             memo: memo::ObservationMemo::default(),
             in_flight: Default::default(),
             held: Default::default(),
+            last_revisions: Default::default(),
             settings,
             profile: RenderProfile::default(),
         }

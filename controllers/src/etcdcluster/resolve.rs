@@ -319,6 +319,7 @@ pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderIn
         initial_cluster_token: None,
         ca_roll_stamp: etcdfleet_api::ca_rotation::roll_stamp(rotation),
         publish_ca_bundle: rotation.is_some(),
+        force_new_cluster: None,
     }
 }
 

@@ -30,6 +30,7 @@ use super::plan::step::{Refusal, Step};
 
 mod adopt;
 mod ca_rotation;
+mod recovery;
 use crate::etcd::{AlarmKind, ClusterHealth};
 use crate::render::{self, Names};
 
@@ -448,9 +449,14 @@ impl Builder {
         self.names = Some(planner.names.clone());
         let names = &planner.names;
         self.new.selector = Some(render::selector_string(names));
-        let health = match &planner.etcd {
-            EtcdObservation::Observed(health) => health,
-            EtcdObservation::Unreachable(why) => return self.no_member_answers(planner, why),
+        // Without a quorum, the survivors' own view of the membership (read
+        // when a recovery could start) keeps each member's failure clock.
+        let health = match (&planner.etcd, &planner.recovery.local_view) {
+            (EtcdObservation::Observed(health), _) => health,
+            (EtcdObservation::Unreachable(_), Some(view)) => view,
+            (EtcdObservation::Unreachable(why), None) => {
+                return self.no_member_answers(planner, why);
+            }
         };
         let members = self.member_statuses(health, names);
         self.new.replicas = health.voter_count() as i32;
@@ -695,6 +701,7 @@ impl Builder {
         });
         if error.is_none() {
             self.ca_rotation_moved(step);
+            self.recovery_moved(step);
             self.restarted(step);
         }
     }

@@ -515,6 +515,9 @@ impl Inner {
         };
         let env = self.with_image_path(env, &image, &run.pod_dir, &container.name)?;
         let what = format!("init container {}:", container.name);
+        // An init container that runs etcd (the recovery's force) listens
+        // where the pod's etcd would.
+        let argv = substitute_listen_urls(&argv, ip);
         self.spawn_logged(run, &what, binary, argv, env, &mounts)
     }
 

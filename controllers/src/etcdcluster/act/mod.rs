@@ -7,7 +7,8 @@
 //! bootstrap in `objects`, the management-side PKI in `pki`, the members
 //! (etcd membership, volumes, restarts, maintenance) in `members`; the
 //! takeover of a running etcd in `adopt`; the rotation of the CA in
-//! `ca_rotation`; the steps of a version change in `version`; what every
+//! `ca_rotation`; the steps of a version change in `version`; those of a
+//! recovery from a lost quorum in `recovery`; what every
 //! step acts on in `target`; deletion of the whole cluster is [`finalize`].
 //! Writes to the EtcdCluster itself go through its
 //! [`ClusterObject`](super::cluster_object::ClusterObject).
@@ -18,6 +19,7 @@ mod finalize;
 mod members;
 mod objects;
 mod pki;
+mod recovery;
 mod target;
 mod version;
 
@@ -28,7 +30,7 @@ pub use finalize::finalize;
 use super::cluster_object::ClusterObject;
 use super::context::{Context, Result};
 use super::observe::Observed;
-use super::plan::step::Step;
+use super::plan::step::{RecoveryStep, Step};
 use crate::connector::WorkloadCluster;
 use crate::render::RenderInputs;
 use members::{
@@ -62,13 +64,19 @@ pub async fn execute(
 ) -> Result<ActRecord> {
     // A restoring cluster's seeder is rendered from the snapshot the observe
     // stage verified this reconcile.
-    let inputs = match &acting.observed.restore_record {
+    let mut inputs = match &acting.observed.restore_record {
         Some(record) => RenderInputs {
             restore: Some(record.clone()),
             ..acting.inputs.clone()
         },
         None => acting.inputs.clone(),
     };
+    // A recovery that forces a new cluster renders the force into the pod
+    // template until the chosen member has forced (whatever step writes it).
+    // The step that ends the force renders without it.
+    if !matches!(step, Step::Recovery(RecoveryStep::EndForce)) {
+        inputs.force_new_cluster = forcing(acting.observed, &acting.ctx.settings.seeder_image);
+    }
     let on = &Target {
         cluster: acting.cluster,
         inputs: &inputs,
@@ -114,7 +122,22 @@ async fn execute_on(step: &Step, on: &Target<'_>) -> Result<()> {
         Step::DropPreviousCa => ca_rotation::drop_previous_ca(on).await,
         Step::CancelCaRotation => ca_rotation::drop_next_ca(on).await,
         Step::RecoverCa { .. } => ca_rotation::recover_ca(on).await,
+        Step::Recovery(step) => recovery::execute(step, on).await,
         // Taken above, with the EtcdCluster object.
         Step::Version(_) => Ok(()),
     }
+}
+
+/// The force a recovery renders into the pod template: while its record is
+/// fencing or forcing.
+fn forcing(observed: &Observed, tools_image: &str) -> Option<crate::recovery::ForceNewCluster> {
+    use etcdfleet_api::recovery::phase;
+    let record = observed.planner.recovery.record.as_ref()?;
+    matches!(record.phase.as_str(), phase::FENCING | phase::FORCING).then(|| {
+        crate::recovery::ForceNewCluster {
+            recovery_id: record.id.clone(),
+            member: record.member.clone(),
+            tools_image: tools_image.to_string(),
+        }
+    })
 }

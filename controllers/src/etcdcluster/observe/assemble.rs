@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use super::super::plan::observation::{
     CaRotationObservation, EtcdObservation, ForeignObject, Observation, PodObservation,
-    PvcObservation, RestoreGate, StatefulSetObservation, VersionObservation,
+    PvcObservation, RecoveryObservation, RestoreGate, StatefulSetObservation, VersionObservation,
 };
 use super::super::plan::step::ObjectKind;
 use super::history::History;
@@ -38,6 +38,7 @@ pub struct Readings {
     pub history: History,
     pub restore: RestoreGate,
     pub ca_rotation: CaRotationObservation,
+    pub recovery: RecoveryObservation,
 }
 
 /// The workload objects and the management-side PKI, as read.
@@ -85,5 +86,6 @@ pub fn assemble(r: Readings) -> Observation {
         restore: r.restore,
         adoption: None,
         ca_rotation: r.ca_rotation,
+        recovery: r.recovery,
     }
 }

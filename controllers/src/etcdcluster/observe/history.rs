@@ -5,7 +5,7 @@
 //! from the EtcdCluster (`super::observe`), `etcdfleet plan` from the
 //! status it is given.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use etcdfleet_api::{EtcdClusterStatus, MemberStatus};
@@ -62,17 +62,26 @@ pub fn failed_members(
     grace: Duration,
     now: Timestamp,
 ) -> BTreeSet<u64> {
+    down_since(status, health, grace, now).into_keys().collect()
+}
+
+/// Members etcd lists as unhealthy whose stored `unhealthySince` is at
+/// least `grace` before `now`, with that time.
+pub fn down_since(
+    status: &EtcdClusterStatus,
+    health: &ClusterHealth,
+    grace: Duration,
+    now: Timestamp,
+) -> BTreeMap<u64, Timestamp> {
     health
         .members()
         .iter()
         .filter(|m| !m.healthy)
-        .filter(|m| {
-            recorded(status, m)
-                .and_then(|s| s.unhealthy_since.as_ref())
-                .and_then(|since| Duration::try_from(now.duration_since(since.0)).ok())
-                .is_some_and(|d| d >= grace)
+        .filter_map(|m| {
+            let since = recorded(status, m)?.unhealthy_since.as_ref()?.0;
+            let down = Duration::try_from(now.duration_since(since)).ok()?;
+            (down >= grace).then_some((m.member.id, since))
         })
-        .map(|m| m.member.id)
         .collect()
 }
 

@@ -15,7 +15,9 @@
 //! - [`history`]: what the stored status remembers (failure grace, the last
 //!   step), judged on a live read of the EtcdCluster when a member is down;
 //! - [`restore`]: the snapshot of a cluster that restores, before its first
-//!   write.
+//!   write;
+//! - [`recovery`]: what a recovery from a lost quorum decides from (the
+//!   workload's Nodes only when one could start).
 
 pub mod adopt;
 pub mod assemble;
@@ -24,6 +26,7 @@ pub mod etcd;
 pub mod history;
 pub mod objects;
 pub mod pki;
+pub mod recovery;
 pub mod restore;
 pub mod version;
 pub mod volumes;
@@ -161,6 +164,13 @@ pub async fn observe(
     );
     let bootstrapped = statefulset.statefulset.is_some() || history.known_voters > 0;
     let restore = restore::read(cluster, &inputs.version, bootstrapped, &members.pvcs, ctx).await?;
+    let members_reached = recovery::Members {
+        health: etcd.health.as_ref(),
+        endpoints: &etcd.endpoints,
+        config: &etcd.config,
+    };
+    let policy = resolved.resolution.spec.recovery;
+    let recovery = recovery::read(&key, policy, &status, members_reached, workload, ctx).await;
 
     let readings = Readings {
         names: w.names.clone(),
@@ -177,16 +187,7 @@ pub async fn observe(
             tls_secret_ca_present: objects.tls_secret_ca_present,
             pki_present: pki.pki.is_some(),
         },
-        statefulset: statefulset
-            .statefulset
-            .as_ref()
-            .map(|s| StatefulSetObservation {
-                replicas: sts_replicas,
-                image: render::statefulset_image(s).unwrap_or_default().to_string(),
-                template_hash: render::statefulset_template_hash(s).map(str::to_string),
-                template_seen: s.status.as_ref().and_then(|st| st.observed_generation)
-                    >= s.metadata.generation,
-            }),
+        statefulset: (statefulset.statefulset.as_ref()).map(statefulset_observation),
         pods: (members.pods.iter())
             .map(|(o, p)| (*o, volumes::pod_observation(p, now)))
             .collect(),
@@ -209,6 +210,7 @@ pub async fn observe(
         history,
         restore: restore.as_ref().map(|r| r.gate.clone()).unwrap_or_default(),
         ca_rotation: ca_rotation::read(cluster, pki.pki.as_ref(), ctx.settings.ca_rotate_before),
+        recovery,
     };
     let planner = with_adoption(assemble::assemble(readings), adoption.as_mut(), &w, ctx).await;
     Ok(Observed {
@@ -226,6 +228,23 @@ pub async fn observe(
         trusted_memo,
         restore_record: restore.and_then(|r| r.record),
     })
+}
+
+/// The StatefulSet as the planner sees it.
+fn statefulset_observation(s: &StatefulSet) -> StatefulSetObservation {
+    StatefulSetObservation {
+        replicas: statefulset_replicas(Some(s)),
+        image: render::statefulset_image(s).unwrap_or_default().to_string(),
+        template_hash: render::statefulset_template_hash(s).map(str::to_string),
+        forcing: s
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(crate::recovery::forced_by),
+        template_seen: s.status.as_ref().and_then(|st| st.observed_generation)
+            >= s.metadata.generation,
+    }
 }
 
 /// The status whose memory the planner judges: the copy this reconcile

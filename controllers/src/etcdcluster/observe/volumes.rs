@@ -135,6 +135,8 @@ pub fn pod_observation(pod: &Pod, now: Timestamp) -> PodObservation {
             .and_then(|p| p.http_get.as_ref())
             .is_some_and(|g| g.path.as_deref().is_some_and(|p| p.starts_with("/health"))),
         last_exit: container.and_then(last_exit),
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        forcing: pod.spec.as_ref().and_then(crate::recovery::forced_by),
     }
 }
 
@@ -189,8 +191,13 @@ pub fn pvc_observation(pvc: &PersistentVolumeClaim, owner: &String) -> PvcObserv
         owner_recorded: pvc.annotations().get(PVC_OWNER_ANNOTATION) == Some(owner),
         etcd_version: pvc.annotations().get(PVC_VERSION_ANNOTATION).cloned(),
         deleting: pvc.metadata.deletion_timestamp.is_some(),
+        node: pvc.annotations().get(SELECTED_NODE_ANNOTATION).cloned(),
     }
 }
+
+/// Where the scheduler records the node a claim's volume is provisioned
+/// for (`WaitForFirstConsumer` classes, and local volumes).
+pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
 
 #[cfg(test)]
 mod tests {

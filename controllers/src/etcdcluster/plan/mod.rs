@@ -15,8 +15,8 @@
 //! it), [`quorum`]; the rules themselves in [`guards`], [`bootstrap`],
 //! [`repair`], [`scale`], [`roll`], [`maintenance`] and [`version`] (the
 //! preflight of a change of minor version and etcd's online downgrade),
-//! the takeover of a running etcd in [`adopt`], and the rotation of the CA
-//! in [`ca_rotation`].
+//! the takeover of a running etcd in [`adopt`], the rotation of the CA
+//! in [`ca_rotation`], and the recovery from a lost quorum in [`recovery`].
 
 pub mod adopt;
 pub mod bootstrap;
@@ -26,6 +26,7 @@ pub mod maintenance;
 pub mod members;
 pub mod observation;
 pub mod quorum;
+pub mod recovery;
 pub mod repair;
 pub mod roll;
 pub mod scale;
@@ -38,11 +39,13 @@ pub use maintenance::DEFRAG_MIN_FREE_BYTES;
 pub use members::Members;
 pub use observation::{
     AdoptionObservation, CaRotationObservation, EtcdObservation, FailedStep, ForeignObject,
-    Observation, PodObservation, ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR, RestoreGate,
-    StatefulSetObservation, TrustProbe, VersionObservation,
+    Observation, PodObservation, ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR,
+    RecoveryObservation, RestoreGate, StatefulSetObservation, TrustProbe, VersionObservation,
 };
 pub use quorum::{CutOff, QUORUM_LOSS_HELP, QuorumView, quorum_view};
-pub use step::{ObjectKind, Plan, Refusal, RemovalCause, Step, VersionStep};
+pub use step::{
+    ObjectKind, Plan, RecoveryPlan, RecoveryStep, Refusal, RemovalCause, Step, VersionStep,
+};
 
 /// One rule of the policy: it decides from the observation alone, or (after
 /// bootstrap, once a StatefulSet exists and members answer) from the running
@@ -84,6 +87,10 @@ pub const RULES: &[(&str, Rule)] = &[
     // failed snapshot refuses the change with its own reason.
     ("version change preflight", O(version::preflight)),
     ("failing step backs off", O(guards::failure_backoff)),
+    // A lost quorum recovered from the survivor with the most data, once
+    // the evidence says the lost members are lost for good; a recovery
+    // under way takes its next step before anything else moves.
+    ("quorum-loss recovery", O(recovery::recovery)),
     ("online downgrade", O(version::downgrade)),
     // A CA rotation cancelled before it reissued anything is undone at
     // once, even in the middle of its roll.

@@ -18,6 +18,9 @@ pub struct StatefulSetObservation {
     /// The inputs hash the pod template carries ([`crate::render::TEMPLATE_HASH`]);
     /// `None` on a StatefulSet written by a release that did not stamp it.
     pub template_hash: Option<String>,
+    /// The recovery whose `force-new-cluster` init container the pod
+    /// template carries, if any.
+    pub forcing: Option<String>,
     /// The StatefulSet controller has seen the spec as written
     /// (`status.observedGeneration` ≥ `metadata.generation`): a pod deleted
     /// now is recreated from this template, not an older one.
@@ -50,6 +53,11 @@ pub struct PodObservation {
     /// started, as a person reads it ("exited with code 2 (Error)…").
     /// `None` for a container that has run without ending.
     pub last_exit: Option<String>,
+    /// The node the pod was scheduled to.
+    pub node: Option<String>,
+    /// The recovery whose `force-new-cluster` init container the pod runs
+    /// (made from a forcing template), if any.
+    pub forcing: Option<String>,
 }
 
 /// One member PVC as observed.
@@ -65,6 +73,9 @@ pub struct PvcObservation {
     pub etcd_version: Option<String>,
     /// A delete is in progress (PVC protection holds it while a pod uses it).
     pub deleting: bool,
+    /// The node its volume was provisioned for (the scheduler's
+    /// `volume.kubernetes.io/selected-node`), when known.
+    pub node: Option<String>,
 }
 
 /// What etcd itself said.
@@ -126,6 +137,32 @@ pub struct Observation {
     pub adoption: Option<AdoptionObservation>,
     /// What a rotation of the CA decides from (see [`CaRotationObservation`]).
     pub ca_rotation: CaRotationObservation,
+    /// What a recovery from a lost quorum decides from (see [`RecoveryObservation`]).
+    pub recovery: RecoveryObservation,
+}
+
+/// What a recovery from a permanent loss of quorum decides from
+/// (`super::recovery`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecoveryObservation {
+    /// `spec.recovery`, with its defaults.
+    pub policy: etcdfleet_api::recovery::ResolvedRecovery,
+    /// `status.lastRecovery`: the last (or current) recovery.
+    pub record: Option<etcdfleet_api::recovery::RecoveryStatus>,
+    /// Members down (stored `unhealthySince`) for at least the policy's
+    /// `lostAfter`, with the time they went down.
+    pub down_since: BTreeMap<u64, k8s_openapi::jiff::Timestamp>,
+    /// The workload cluster's Nodes (name → Ready), read only when a
+    /// recovery could start; `Err`: they could not be read, and why.
+    pub nodes: Option<Result<BTreeMap<String, bool>, String>>,
+    /// The highest revision the controller saw while the cluster had its
+    /// quorum, since the controller started.
+    pub last_seen_revision: Option<i64>,
+    /// Without a quorum the member list cannot be read fresh: the members
+    /// as the survivor with the most applied entries lists them in its own
+    /// store, each with its `Status` if it answered. Read only when a
+    /// recovery could start.
+    pub local_view: Option<ClusterHealth>,
 }
 
 /// What a rotation of the cluster's CA decides from.

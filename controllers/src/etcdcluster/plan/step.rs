@@ -106,6 +106,8 @@ pub enum Step {
         ordinal: u32,
         member_id: u64,
     },
+    /// A step of a recovery from a lost quorum ([`RecoveryStep`]).
+    Recovery(RecoveryStep),
     /// A step of a change of minor version: a snapshot before it, etcd's
     /// online downgrade ([`super::version`]).
     Version(VersionStep),
@@ -164,6 +166,7 @@ impl Step {
             Step::RecoverFromNoSpace => "RecoverFromNoSpace",
             Step::Defragment { .. } => "Defragment",
             Step::Version(step) => step.kind(),
+            Step::Recovery(step) => step.kind(),
             Step::ImportCa => "ImportCa",
             Step::RetireMember { .. } => "RetireMember",
             Step::StartCaRotation { .. } => "StartCaRotation",
@@ -188,7 +191,9 @@ impl Step {
             | Step::DeleteStaleStorage { ordinal, .. }
             | Step::Defragment { ordinal, .. } => Some(*ordinal),
             Step::ScaleStatefulSet { replicas } => replicas.checked_sub(1),
-            Step::WriteObjects(_)
+            Step::Recovery(RecoveryStep::RestartChosen { ordinal }) => Some(*ordinal),
+            Step::Recovery(_)
+            | Step::WriteObjects(_)
             | Step::Bootstrap { .. }
             | Step::RecordPvcMember { .. }
             | Step::MoveLeader { .. }
@@ -236,6 +241,7 @@ impl Step {
                 | Step::DeletePvc { .. }
                 | Step::DeleteStaleStorage { .. }
                 | Step::RestartMember { .. }
+                | Step::Recovery(RecoveryStep::Fence { .. } | RecoveryStep::RestartChosen { .. })
         )
     }
 }
@@ -307,6 +313,7 @@ impl fmt::Display for Step {
                 write!(f, "defragment member {member_id:x} (ordinal {ordinal})")
             }
             Step::Version(step) => step.fmt(f),
+            Step::Recovery(step) => step.fmt(f),
             Step::ImportCa => write!(
                 f,
                 "import the existing cluster's CA as this cluster's CA (adoption)"
@@ -411,6 +418,102 @@ impl fmt::Display for VersionStep {
                 f,
                 "remove the downgrade acknowledgement: the cluster runs {version}"
             ),
+        }
+    }
+}
+
+/// What a recovery from a lost quorum starts from: the evidence, the
+/// survivors and the member chosen, recorded in `status.lastRecovery`
+/// before any step (see `super::recovery`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryPlan {
+    pub id: String,
+    /// The survivor with the most data, and its member id.
+    pub chosen: u32,
+    pub chosen_id: u64,
+    pub kept_revision: i64,
+    pub last_seen_revision: Option<i64>,
+    pub survivors: Vec<etcdfleet_api::recovery::SurvivorRecord>,
+    pub lost: Vec<etcdfleet_api::recovery::LostMemberRecord>,
+}
+
+/// The steps of a recovery from a lost quorum, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecoveryStep {
+    /// Record the evidence and the member chosen (status only): `Fencing`.
+    Begin(Box<RecoveryPlan>),
+    /// No lost member comes back as the old cluster: the members ConfigMap
+    /// names the chosen member alone, no ordinal above it runs, the lost
+    /// members' pods go at once, and their volumes that hold their data.
+    /// Then `ForcingNewCluster`.
+    Fence {
+        chosen: u32,
+        /// Ordinal and member id of each lost member.
+        lost: Vec<(u32, u64)>,
+    },
+    /// The pod template carries the `force-new-cluster` init containers.
+    WriteForcingTemplate { chosen: u32 },
+    /// The chosen member restarts onto that template.
+    RestartChosen { ordinal: u32 },
+    /// The member forced and serves alone: the pod template without the
+    /// init containers (`Regrowing`).
+    EndForce,
+    /// Back at its size, every member healthy (status only): `Completed`.
+    Complete,
+}
+
+impl RecoveryStep {
+    /// Short name for events, metrics and `status.lastOperation.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RecoveryStep::Begin(_) => "BeginRecovery",
+            RecoveryStep::Fence { .. } => "FenceLostMembers",
+            RecoveryStep::WriteForcingTemplate { .. } => "WriteForcingTemplate",
+            RecoveryStep::RestartChosen { .. } => "RestartRecoveringMember",
+            RecoveryStep::EndForce => "EndForceNewCluster",
+            RecoveryStep::Complete => "CompleteRecovery",
+        }
+    }
+}
+
+impl fmt::Display for RecoveryStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecoveryStep::Begin(p) => write!(
+                f,
+                "recovery {}: record the evidence that {} lost, and recover from member {:x} \
+                 (revision {}, the most data of the survivors)",
+                p.id,
+                p.lost
+                    .iter()
+                    .map(|l| l.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + if p.lost.len() == 1 { " is" } else { " are" },
+                p.chosen_id,
+                p.kept_revision
+            ),
+            RecoveryStep::Fence { chosen, lost } => write!(
+                f,
+                "recovery: fence the lost members (ordinals {:?}): delete their pods and the \
+                 volumes holding their data, shrink to ordinal {chosen}, announce it alone",
+                lost.iter().map(|(o, _)| *o).collect::<Vec<_>>()
+            ),
+            RecoveryStep::WriteForcingTemplate { chosen } => write!(
+                f,
+                "recovery: give the pod template the force-new-cluster init container for \
+                 ordinal {chosen}"
+            ),
+            RecoveryStep::RestartChosen { ordinal } => write!(
+                f,
+                "recovery: restart ordinal {ordinal} to run etcd once with --force-new-cluster"
+            ),
+            RecoveryStep::EndForce => write!(
+                f,
+                "recovery: the member serves alone; take the force-new-cluster init container \
+                 out of the pod template"
+            ),
+            RecoveryStep::Complete => write!(f, "recovery complete: every member is back"),
         }
     }
 }

@@ -38,6 +38,7 @@ pub(crate) fn member(
             raft_index: 50,
             raft_term: 2,
             raft_applied_index: 50,
+            revision: 40,
             db_size: 1,
             db_size_in_use: 1,
             is_learner: learner,
@@ -61,6 +62,8 @@ pub(super) fn pod(image: &str) -> PodObservation {
         stuck_deleting: false,
         ready_means_etcd_healthy: false,
         last_exit: None,
+        node: None,
+        forcing: None,
     }
 }
 
@@ -76,6 +79,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
             image: IMG.into(),
             template_hash: None,
             template_seen: true,
+            forcing: None,
         }),
         pods: (0..n).map(|o| (o, pod(IMG))).collect(),
         pvcs: (0..n)
@@ -87,6 +91,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
                         owner_recorded: true,
                         etcd_version: Some("3.5.1".into()),
                         deleting: false,
+                        node: None,
                     },
                 )
             })
@@ -108,6 +113,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
         last_failure: None,
         adoption: None,
         ca_rotation: Default::default(),
+        recovery: Default::default(),
     }
 }
 
@@ -237,6 +243,7 @@ fn scale_up_adds_one_learner_then_starts_then_promotes() {
             owner_recorded: true,
             etcd_version: Some("3.5.1".into()),
             deleting: false,
+            node: None,
         },
     );
     assert_eq!(

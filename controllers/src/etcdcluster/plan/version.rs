@@ -346,6 +346,7 @@ mod fixtures {
                 raft_index: 50,
                 raft_term: 2,
                 raft_applied_index: 50,
+                revision: 40,
                 db_size: 1,
                 db_size_in_use: 1,
                 is_learner: false,
@@ -372,12 +373,15 @@ mod fixtures {
             stuck_deleting: false,
             ready_means_etcd_healthy: false,
             last_exit: None,
+            node: None,
+            forcing: None,
         };
         let pvc = |o: u32| PvcObservation {
             member_id: Some(100 + u64::from(o)),
             owner_recorded: true,
             etcd_version: Some(version.into()),
             deleting: false,
+            node: None,
         };
         Observation {
             tls: true,
@@ -388,6 +392,7 @@ mod fixtures {
                 image,
                 template_hash: None,
                 template_seen: true,
+                forcing: None,
             }),
             pods: (0..n).map(|o| (o, pod.clone())).collect(),
             pvcs: (0..n).map(|o| (o, pvc(o))).collect(),
@@ -409,6 +414,7 @@ mod fixtures {
             restore: RestoreGate::NotNeeded,
             adoption: None,
             ca_rotation: Default::default(),
+            recovery: Default::default(),
         }
     }
 

@@ -1,0 +1,140 @@
+//! What a recovery from a lost quorum reads (`super::super::plan::recovery`
+//! decides): the policy and the record of the last recovery, the members
+//! down for the policy's `lostAfter` (from the stored `unhealthySince`),
+//! the highest revision seen while the cluster had its quorum, and the
+//! workload cluster's Nodes — read only when a recovery could start (the
+//! policy allows one, none is under way, and fewer than a quorum of the
+//! voters are healthy), so a healthy cluster's poll costs no read here.
+
+use std::collections::BTreeMap;
+
+use etcdfleet_api::EtcdClusterStatus;
+use etcdfleet_api::recovery::{QuorumLossPolicy, ResolvedRecovery};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+
+use super::super::context::Context;
+use super::super::plan::observation::RecoveryObservation;
+use super::history::down_since;
+use crate::connector::WorkloadCluster;
+use crate::etcd::{
+    ClusterHealth, EtcdConfig, Member, MemberClient, MemberObservation, MemberStatus,
+};
+
+/// Where the members are reached, and how.
+pub struct Members<'a> {
+    pub health: Option<&'a ClusterHealth>,
+    /// Client URLs of the member pods.
+    pub endpoints: &'a [String],
+    pub config: &'a EtcdConfig,
+}
+
+/// The recovery's observation of one cluster (`key`: `namespace/name`).
+pub async fn read(
+    key: &str,
+    policy: ResolvedRecovery,
+    status: &EtcdClusterStatus,
+    members: Members<'_>,
+    workload: &WorkloadCluster,
+    ctx: &Context,
+) -> RecoveryObservation {
+    let health = members.health;
+    let record = status.last_recovery.clone();
+    let now = Timestamp::now();
+    let could_start = policy.quorum_loss != QuorumLossPolicy::Manual
+        && !record.as_ref().is_some_and(|r| r.in_progress())
+        && health.is_none_or(|h| !h.has_quorum());
+    let (nodes, local_view) = match could_start {
+        true => (
+            Some(read_nodes(workload).await),
+            local_view(members.endpoints, members.config).await,
+        ),
+        false => (None, None),
+    };
+    let down = health
+        .or(local_view.as_ref())
+        .map(|h| down_since(status, h, policy.lost_after, now))
+        .unwrap_or_default();
+    RecoveryObservation {
+        policy,
+        record,
+        down_since: down,
+        nodes,
+        last_seen_revision: remember_revision(ctx, key, health),
+        local_view,
+    }
+}
+
+/// The members as the survivor with the most applied entries lists them
+/// in its own store, each with its `Status` if it answered (none is
+/// healthy: there is no quorum to be healthy with). `None` when no member
+/// answers.
+async fn local_view(endpoints: &[String], config: &EtcdConfig) -> Option<ClusterHealth> {
+    let answers = futures::future::join_all(endpoints.iter().map(|url| async move {
+        let member = MemberClient::connect(url, config).await.ok()?;
+        let status = member.status().await.ok()?;
+        let (_, members) = member.local_members().await.ok()?;
+        Some((status, members))
+    }))
+    .await;
+    let answers: Vec<(MemberStatus, Vec<Member>)> = answers.into_iter().flatten().collect();
+    let (_, membership) = answers
+        .iter()
+        .max_by_key(|(s, _)| (s.raft_applied_index, s.raft_term))?;
+    let observations = membership
+        .iter()
+        .map(|m| {
+            let status = answers
+                .iter()
+                .find(|(s, _)| s.member_id == m.id)
+                .map(|(s, _)| s.clone());
+            MemberObservation {
+                member: m.clone(),
+                healthy: false,
+                error: Some(match status {
+                    Some(_) => "answers, but the cluster has no quorum".to_string(),
+                    None => "does not answer".to_string(),
+                }),
+                status,
+            }
+        })
+        .collect();
+    Some(ClusterHealth::new(observations))
+}
+
+/// The workload cluster's Nodes, name → Ready.
+async fn read_nodes(workload: &WorkloadCluster) -> Result<BTreeMap<String, bool>, String> {
+    let nodes: Api<Node> = Api::all(workload.client.clone());
+    let list = nodes
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing Nodes: {e}"))?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.clone()?, node_ready(n))))
+        .collect())
+}
+
+fn node_ready(node: &Node) -> bool {
+    (node.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Keeps the highest revision a member reported while the cluster had its
+/// quorum, and answers it.
+fn remember_revision(ctx: &Context, key: &str, health: Option<&ClusterHealth>) -> Option<i64> {
+    let mut seen = ctx.last_revisions.lock().expect("revision memory");
+    if let Some(h) = health.filter(|h| h.has_quorum()) {
+        let highest = (h.members().iter())
+            .filter_map(|m| m.status.as_ref().map(|s| s.revision))
+            .max();
+        if let Some(r) = highest {
+            let kept = seen.entry(key.to_string()).or_insert(r);
+            *kept = (*kept).max(r);
+        }
+    }
+    seen.get(key).copied()
+}

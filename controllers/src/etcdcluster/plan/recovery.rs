@@ -1,0 +1,328 @@
+//! Recovery from a permanent loss of quorum (`spec.recovery.quorumLoss:
+//! FromSurvivors`): when a majority of the voters is lost for good, by
+//! evidence, the cluster is brought back from the surviving member with the
+//! most data. Lost, not unreachable: a voter counts as lost only when
+//!
+//! - it does not answer the controller and its pod is gone or not Ready
+//!   (a voter whose pod is Ready is never lost: the controller may be cut
+//!   off from it);
+//! - it has been down for the policy's `lostAfter`;
+//! - its data is gone: its PVC is gone, holds none of its data (a new claim,
+//!   which no member was recorded on, or one recorded for another member),
+//!   or its node is gone from the workload cluster;
+//!
+//! and the workload API answers (this observation read its pods and PVCs).
+//! The evidence is recorded before any step; then the lost members are
+//! fenced, the chosen member restarts once with `--force-new-cluster`, and
+//! the cluster grows back through learners by the membership rules.
+
+use std::cmp::Reverse;
+
+use etcdfleet_api::recovery::{
+    LostMemberRecord, QuorumLossPolicy, RecoveryStatus, SurvivorRecord, phase,
+};
+
+use super::observation::{EtcdObservation, Observation};
+use super::quorum::{QUORUM_LOSS_HELP, QuorumView, quorum_view};
+use super::step::{Plan, RecoveryPlan, RecoveryStep, Step};
+use crate::etcd::{ClusterHealth, MemberObservation};
+
+/// Rule: a recovery under way takes its next step; a lost quorum with
+/// `FromSurvivors` starts one once the evidence holds (`Manual` leaves the
+/// loss to the quorum rule, which holds).
+pub(super) fn recovery(obs: &Observation) -> Option<Plan> {
+    if let Some(record) = obs.recovery.record.as_ref().filter(|r| r.in_progress()) {
+        return in_flight(obs, record);
+    }
+    if obs.recovery.policy.quorum_loss == QuorumLossPolicy::Manual {
+        return None;
+    }
+    let QuorumView::Lost { healthy, voters } = quorum_view(obs) else {
+        return None;
+    };
+    let lost = format!("quorum lost: only {healthy} of {voters} voting members are healthy");
+    if obs.adoption.is_some() {
+        return Some(Plan::Hold(format!(
+            "{lost}; no recovery while a takeover of a running etcd is under way; \
+             {QUORUM_LOSS_HELP}"
+        )));
+    }
+    Some(match judge(obs) {
+        Ok(plan) => Plan::Act(Step::Recovery(RecoveryStep::Begin(Box::new(plan)))),
+        Err(NotYet::Wait(why)) => Plan::Wait(format!("{lost}; {why}")),
+        Err(NotYet::Hold(why)) => Plan::Hold(format!(
+            "{lost}; spec.recovery.quorumLoss is FromSurvivors but no recovery starts: {why}. \
+             {QUORUM_LOSS_HELP}"
+        )),
+    })
+}
+
+/// Why a recovery does not start now.
+#[derive(Debug, PartialEq)]
+enum NotYet {
+    /// The evidence may hold soon (a member not yet down for `lostAfter`).
+    Wait(String),
+    /// The evidence does not hold, or there is nothing to recover from.
+    Hold(String),
+}
+
+/// The recovery the evidence supports, or why there is none.
+fn judge(obs: &Observation) -> Result<RecoveryPlan, NotYet> {
+    // Without a quorum the fresh member list cannot be read: the
+    // survivors' own view of the membership stands in for it.
+    let health = match (&obs.recovery.local_view, &obs.etcd) {
+        (Some(view), _) => view,
+        (None, EtcdObservation::Observed(health)) => health,
+        (None, EtcdObservation::Unreachable(_)) => {
+            return Err(NotYet::Hold(
+                "no member answers the controller: none survives to recover from".into(),
+            ));
+        }
+    };
+    let mut survivors = Vec::new();
+    let mut lost = Vec::new();
+    for voter in health.voters() {
+        let ordinal = ordinal_of(obs, voter).ok_or_else(|| {
+            NotYet::Hold(format!(
+                "voter {:x} is not one of this cluster's members",
+                voter.member.id
+            ))
+        })?;
+        match &voter.status {
+            Some(status) => survivors.push((ordinal, voter.member.id, status)),
+            None => lost.push(evidence(obs, voter.member.id, ordinal)?),
+        }
+    }
+    lost.sort_by(|a, b| a.name.cmp(&b.name));
+    let &(chosen, chosen_id, status) = survivors
+        .iter()
+        .max_by_key(|(o, _, s)| (s.raft_applied_index, s.revision, Reverse(*o)))
+        .ok_or_else(|| NotYet::Hold("no voting member answers: none survives".into()))?;
+    Ok(RecoveryPlan {
+        id: format!("{chosen_id:x}-{}", status.raft_applied_index),
+        chosen,
+        chosen_id,
+        kept_revision: status.revision,
+        last_seen_revision: obs.recovery.last_seen_revision,
+        survivors: survivors
+            .iter()
+            .map(|(o, id, s)| SurvivorRecord {
+                name: obs.names.pod(*o),
+                id: format!("{id:x}"),
+                revision: s.revision,
+                raft_applied_index: s.raft_applied_index as i64,
+            })
+            .collect(),
+        lost,
+    })
+}
+
+fn ordinal_of(obs: &Observation, m: &MemberObservation) -> Option<u32> {
+    let url = m.member.peer_urls.first()?;
+    obs.names.ordinal_of_peer_url(url)
+}
+
+/// The evidence that the voter at `ordinal` is lost for good (see the
+/// module doc), or why it is not.
+fn evidence(obs: &Observation, id: u64, ordinal: u32) -> Result<LostMemberRecord, NotYet> {
+    let name = obs.names.pod(ordinal);
+    let pod = obs.pods.get(&ordinal);
+    if pod.is_some_and(|p| p.ready && p.running && !p.deleting) {
+        return Err(NotYet::Hold(format!(
+            "{name} does not answer the controller but its pod is Ready: it is not lost (the \
+             controller may be cut off from it)"
+        )));
+    }
+    let Some(since) = obs.recovery.down_since.get(&id) else {
+        return Err(NotYet::Wait(format!(
+            "{name} is down; it counts as lost once it has been down for {}s \
+             (spec.recovery.lostAfterSeconds) with its data gone",
+            obs.recovery.policy.lost_after.as_secs()
+        )));
+    };
+    let mut facts = vec![
+        format!(
+            "does not answer; its pod {}",
+            match pod {
+                None => "is gone".to_string(),
+                Some(p) if p.deleting => "is being deleted".to_string(),
+                Some(p) if !p.running => "is not running".to_string(),
+                Some(p) => format!(
+                    "is not Ready{}",
+                    p.last_exit
+                        .as_ref()
+                        .map(|e| format!(" (etcd {e})"))
+                        .unwrap_or_default()
+                ),
+            }
+        ),
+        format!("down since {}", since.strftime("%Y-%m-%dT%H:%M:%SZ")),
+    ];
+    let node = pod
+        .and_then(|p| p.node.clone())
+        .or_else(|| obs.pvcs.get(&ordinal).and_then(|p| p.node.clone()));
+    let node_state = node.as_ref().map(|n| (n, node_state(obs, n)));
+    if let Some((n, NodeState::NotReady)) = &node_state {
+        facts.push(format!("its node {n} is NotReady"));
+    }
+    let pvc = obs.names.pvc(ordinal);
+    match obs.pvcs.get(&ordinal) {
+        None => facts.push(format!("its PVC {pvc} is gone")),
+        Some(p) if p.member_id.is_some_and(|m| m != id) => facts.push(format!(
+            "its PVC {pvc} holds another member's data, none of its own"
+        )),
+        // Every voter's volume is recorded when it joins (before its
+        // promotion): an unrecorded claim at its ordinal was made after
+        // its volume was lost.
+        Some(p) if p.member_id.is_none() => facts.push(format!(
+            "its PVC {pvc} is a new claim that never held its data (its own was recorded \
+             when it joined)"
+        )),
+        Some(_) => match node_state {
+            Some((n, NodeState::Gone)) => facts.push(format!(
+                "its node {n} is gone from the workload cluster, with the volume {pvc} on it"
+            )),
+            other => {
+                return Err(NotYet::Hold(format!(
+                    "{name}'s volume {pvc} may still hold its data{}: it is not counted as lost \
+                     (if it is lost for good, delete the PVC)",
+                    match other {
+                        Some((n, NodeState::Unknown(why))) => {
+                            format!(" (its node {n} could not be read: {why})")
+                        }
+                        Some((n, _)) => format!(" and its node {n} is there"),
+                        None => String::new(),
+                    }
+                )));
+            }
+        },
+    }
+    Ok(LostMemberRecord {
+        name,
+        id: format!("{id:x}"),
+        evidence: facts,
+    })
+}
+
+enum NodeState {
+    Ready,
+    NotReady,
+    Gone,
+    Unknown(String),
+}
+
+fn node_state(obs: &Observation, node: &str) -> NodeState {
+    match &obs.recovery.nodes {
+        None => NodeState::Unknown("not read".into()),
+        Some(Err(why)) => NodeState::Unknown(why.clone()),
+        Some(Ok(nodes)) => match nodes.get(node) {
+            None => NodeState::Gone,
+            Some(true) => NodeState::Ready,
+            Some(false) => NodeState::NotReady,
+        },
+    }
+}
+
+/// The next step of a recovery under way.
+fn in_flight(obs: &Observation, record: &RecoveryStatus) -> Option<Plan> {
+    let Some(chosen) = obs.names.ordinal_of(&record.member) else {
+        return Some(Plan::Hold(format!(
+            "recovery {}: the member it recovers from, {}, is not one of this cluster's",
+            record.id, record.member
+        )));
+    };
+    match record.phase.as_str() {
+        phase::FENCING => Some(Plan::Act(Step::Recovery(RecoveryStep::Fence {
+            chosen,
+            lost: lost_ordinals(obs, record),
+        }))),
+        phase::FORCING => Some(forcing(obs, record, chosen)),
+        phase::REGROWING => regrowing(obs),
+        _ => None,
+    }
+}
+
+/// Ordinal and member id of each member the record counts as lost.
+fn lost_ordinals(obs: &Observation, record: &RecoveryStatus) -> Vec<(u32, u64)> {
+    record
+        .lost
+        .iter()
+        .filter_map(|l| {
+            let ordinal = obs.names.ordinal_of(&l.name)?;
+            let id = u64::from_str_radix(&l.id, 16).ok()?;
+            Some((ordinal, id))
+        })
+        .collect()
+}
+
+/// Whether `id` is the only voter, answering and healthy: it forced.
+fn forced(health: &ClusterHealth, id: u64) -> bool {
+    let voters: Vec<&MemberObservation> = health.voters().collect();
+    matches!(voters.as_slice(), [only] if only.member.id == id && only.healthy)
+}
+
+/// The force: the template first, then the chosen member restarted onto
+/// it, then wait until it serves alone.
+fn forcing(obs: &Observation, record: &RecoveryStatus, chosen: u32) -> Plan {
+    let id = u64::from_str_radix(&record.member_id, 16).unwrap_or_default();
+    if let EtcdObservation::Observed(health) = &obs.etcd
+        && forced(health, id)
+    {
+        return Plan::Act(Step::Recovery(RecoveryStep::EndForce));
+    }
+    let Some(sts) = obs.statefulset.as_ref() else {
+        return Plan::Hold(format!(
+            "recovery {}: the StatefulSet is gone while the cluster recovers",
+            record.id
+        ));
+    };
+    if sts.forcing.as_deref() != Some(record.id.as_str()) || sts.replicas != chosen + 1 {
+        return Plan::Act(Step::Recovery(RecoveryStep::WriteForcingTemplate {
+            chosen,
+        }));
+    }
+    let name = obs.names.pod(chosen);
+    if !sts.template_seen {
+        return Plan::Wait(format!(
+            "recovery {}: {name} restarts once the StatefulSet controller has seen the \
+             forcing template",
+            record.id
+        ));
+    }
+    match obs.pods.get(&chosen) {
+        Some(p) if p.forcing.as_deref() == Some(record.id.as_str()) => Plan::Wait(format!(
+            "recovery {}: {name} starts etcd once with --force-new-cluster{}",
+            record.id,
+            p.last_exit
+                .as_ref()
+                .map(|e| format!("; its etcd container {e}"))
+                .unwrap_or_default()
+        )),
+        Some(p) if p.deleting => Plan::Wait(format!("recovery {}: {name} stops", record.id)),
+        Some(_) => Plan::Act(Step::Recovery(RecoveryStep::RestartChosen {
+            ordinal: chosen,
+        })),
+        None => Plan::Wait(format!(
+            "recovery {}: the StatefulSet controller recreates {name}",
+            record.id
+        )),
+    }
+}
+
+/// Growing back is the membership rules' (scale up through learners);
+/// this rule takes the force out of the template and says when it is done.
+fn regrowing(obs: &Observation) -> Option<Plan> {
+    if obs.statefulset.as_ref()?.forcing.is_some() {
+        return Some(Plan::Act(Step::Recovery(RecoveryStep::EndForce)));
+    }
+    let EtcdObservation::Observed(health) = &obs.etcd else {
+        return None;
+    };
+    let whole = health.voter_count() as u32 >= obs.desired_replicas
+        && health.learners().next().is_none()
+        && health.voters().all(|v| v.healthy);
+    whole.then_some(Plan::Act(Step::Recovery(RecoveryStep::Complete)))
+}
+
+#[cfg(test)]
+mod tests;
