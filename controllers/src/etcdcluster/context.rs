@@ -84,6 +84,17 @@ impl ReconcilerSettings {
     }
 }
 
+/// A cluster's members' last answers without a quorum: member id → its
+/// `Status`, the membership in its own store, and when it answered.
+pub type Answers = std::collections::BTreeMap<
+    u64,
+    (
+        crate::etcd::MemberStatus,
+        Vec<crate::etcd::Member>,
+        std::time::Instant,
+    ),
+>;
+
 /// Everything a reconcile needs, shared by all reconciles.
 pub struct Context {
     /// The management API, the workload clusters and their etcd, events,
@@ -103,6 +114,9 @@ pub struct Context {
     /// Per cluster, the highest revision seen while it had its quorum (a
     /// recovery's loss window starts after the revision it keeps).
     pub last_revisions: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    /// Per cluster without a quorum, the members' last answers (see
+    /// `observe::recovery::local_view`).
+    pub member_answers: std::sync::Mutex<std::collections::HashMap<String, Answers>>,
 }
 
 impl Context {
@@ -125,6 +139,7 @@ impl Context {
             in_flight: Default::default(),
             held: Default::default(),
             last_revisions: Default::default(),
+            member_answers: Default::default(),
             settings,
             profile: RenderProfile::default(),
         }

@@ -453,8 +453,8 @@ impl Builder {
         // when a recovery could start) keeps each member's failure clock.
         let health = match (&planner.etcd, &planner.recovery.local_view) {
             (EtcdObservation::Observed(health), _) => health,
-            (EtcdObservation::Unreachable(_), Some(view)) => view,
-            (EtcdObservation::Unreachable(why), None) => {
+            (EtcdObservation::Unreachable(_), Some(Ok(view))) => view,
+            (EtcdObservation::Unreachable(why), _) => {
                 return self.no_member_answers(planner, why);
             }
         };

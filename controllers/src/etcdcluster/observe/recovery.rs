@@ -7,6 +7,7 @@
 //! voters are healthy), so a healthy cluster's poll costs no read here.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use etcdfleet_api::EtcdClusterStatus;
 use etcdfleet_api::recovery::{QuorumLossPolicy, ResolvedRecovery};
@@ -14,13 +15,11 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 
-use super::super::context::Context;
+use super::super::context::{Answers, Context};
 use super::super::plan::observation::RecoveryObservation;
 use super::history::down_since;
 use crate::connector::WorkloadCluster;
-use crate::etcd::{
-    ClusterHealth, EtcdConfig, Member, MemberClient, MemberObservation, MemberStatus,
-};
+use crate::etcd::{ClusterHealth, EtcdConfig, MemberClient, MemberObservation};
 
 /// Where the members are reached, and how.
 pub struct Members<'a> {
@@ -48,12 +47,12 @@ pub async fn read(
     let (nodes, local_view) = match could_start {
         true => (
             Some(read_nodes(workload).await),
-            local_view(members.endpoints, members.config).await,
+            Some(local_view(key, members.endpoints, members.config, ctx).await),
         ),
         false => (None, None),
     };
     let down = health
-        .or(local_view.as_ref())
+        .or(local_view.as_ref().and_then(|v| v.as_ref().ok()))
         .map(|h| down_since(status, h, policy.lost_after, now))
         .unwrap_or_default();
     RecoveryObservation {
@@ -66,37 +65,66 @@ pub async fn read(
     }
 }
 
-/// The members as the survivor with the most applied entries lists them
-/// in its own store, each with its `Status` if it answered (none is
-/// healthy: there is no quorum to be healthy with). `None` when no member
-/// answers.
-async fn local_view(endpoints: &[String], config: &EtcdConfig) -> Option<ClusterHealth> {
-    let answers = futures::future::join_all(endpoints.iter().map(|url| async move {
-        let member = MemberClient::connect(url, config).await.ok()?;
-        let status = member.status().await.ok()?;
-        let (_, members) = member.local_members().await.ok()?;
-        Some((status, members))
+/// How long a member's last answer stands in for it while it does not
+/// answer: a member without a quorum fails its liveness probe (etcd's
+/// health needs a leader) and is restarted with a growing back-off, so it
+/// answers only now and then.
+pub const ANSWER_KEPT: Duration = Duration::from_secs(600);
+
+/// The members as the member with the most applied entries lists them in
+/// its own store, each with its `Status` if it answered now or within
+/// [`ANSWER_KEPT`] (none is healthy: there is no quorum to be healthy
+/// with). `Err` says why no member answers.
+async fn local_view(
+    key: &str,
+    endpoints: &[String],
+    config: &EtcdConfig,
+    ctx: &Context,
+) -> Result<ClusterHealth, String> {
+    let asked = futures::future::join_all(endpoints.iter().map(|url| async move {
+        let member = MemberClient::connect(url, config).await?;
+        let status = member.status().await?;
+        let (_, members) = member.local_members().await?;
+        Ok::<_, crate::etcd::EtcdError>((status, members))
     }))
     .await;
-    let answers: Vec<(MemberStatus, Vec<Member>)> = answers.into_iter().flatten().collect();
-    let (_, membership) = answers
-        .iter()
-        .max_by_key(|(s, _)| (s.raft_applied_index, s.raft_term))?;
+    let now = Instant::now();
+    let mut remembered = ctx.member_answers.lock().expect("answer memory");
+    let kept = remembered.entry(key.to_string()).or_default();
+    let mut errors = Vec::new();
+    for (url, answer) in endpoints.iter().zip(asked) {
+        match answer {
+            Ok((status, members)) => {
+                kept.insert(status.member_id, (status, members, now));
+            }
+            Err(e) => errors.push(format!("{url}: {e}")),
+        }
+    }
+    kept.retain(|_, (_, _, at)| now.duration_since(*at) < ANSWER_KEPT);
+    view_of(kept, now).ok_or_else(|| errors.join("; "))
+}
+
+/// The view of the member with the most applied entries (see [`local_view`]).
+fn view_of(answers: &Answers, now: Instant) -> Option<ClusterHealth> {
+    let (_, membership, _) = answers
+        .values()
+        .max_by_key(|(s, _, _)| (s.raft_applied_index, s.raft_term))?;
     let observations = membership
         .iter()
         .map(|m| {
-            let status = answers
-                .iter()
-                .find(|(s, _)| s.member_id == m.id)
-                .map(|(s, _)| s.clone());
+            let answer = answers.get(&m.id);
             MemberObservation {
                 member: m.clone(),
                 healthy: false,
-                error: Some(match status {
-                    Some(_) => "answers, but the cluster has no quorum".to_string(),
-                    None => "does not answer".to_string(),
-                }),
-                status,
+                error: Some(
+                    match answer {
+                        Some((_, _, at)) if *at == now => "answers, but the cluster has no quorum",
+                        Some(_) => "answered lately, but the cluster has no quorum",
+                        None => "does not answer",
+                    }
+                    .to_string(),
+                ),
+                status: answer.map(|(s, _, _)| s.clone()),
             }
         })
         .collect();

@@ -160,9 +160,9 @@ pub struct RecoveryObservation {
     pub last_seen_revision: Option<i64>,
     /// Without a quorum the member list cannot be read fresh: the members
     /// as the survivor with the most applied entries lists them in its own
-    /// store, each with its `Status` if it answered. Read only when a
-    /// recovery could start.
-    pub local_view: Option<ClusterHealth>,
+    /// store, each with its `Status` if it answered (lately). Read only
+    /// when a recovery could start; `Err`: no member answers, and why.
+    pub local_view: Option<Result<ClusterHealth, String>>,
 }
 
 /// What a rotation of the cluster's CA decides from.

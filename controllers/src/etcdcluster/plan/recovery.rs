@@ -71,12 +71,16 @@ fn judge(obs: &Observation) -> Result<RecoveryPlan, NotYet> {
     // Without a quorum the fresh member list cannot be read: the
     // survivors' own view of the membership stands in for it.
     let health = match (&obs.recovery.local_view, &obs.etcd) {
-        (Some(view), _) => view,
-        (None, EtcdObservation::Observed(health)) => health,
-        (None, EtcdObservation::Unreachable(_)) => {
-            return Err(NotYet::Hold(
-                "no member answers the controller: none survives to recover from".into(),
-            ));
+        (Some(Ok(view)), _) => view,
+        (_, EtcdObservation::Observed(health)) => health,
+        (view, EtcdObservation::Unreachable(why)) => {
+            let why = match view {
+                Some(Err(e)) => e.as_str(),
+                _ => why.as_str(),
+            };
+            return Err(NotYet::Hold(format!(
+                "no member answers the controller ({why}): none survives to recover from"
+            )));
         }
     };
     let mut survivors = Vec::new();
@@ -89,7 +93,10 @@ fn judge(obs: &Observation) -> Result<RecoveryPlan, NotYet> {
             ))
         })?;
         match &voter.status {
-            Some(status) => survivors.push((ordinal, voter.member.id, status)),
+            Some(status) => {
+                survivor_volume(obs, voter.member.id, ordinal)?;
+                survivors.push((ordinal, voter.member.id, status));
+            }
             None => lost.push(evidence(obs, voter.member.id, ordinal)?),
         }
     }
@@ -115,6 +122,18 @@ fn judge(obs: &Observation) -> Result<RecoveryPlan, NotYet> {
             .collect(),
         lost,
     })
+}
+
+/// A survivor is recovered from on its own volume: its PVC must record it.
+fn survivor_volume(obs: &Observation, id: u64, ordinal: u32) -> Result<(), NotYet> {
+    match obs.pvcs.get(&ordinal) {
+        Some(p) if p.member_id == Some(id) && !p.deleting => Ok(()),
+        _ => Err(NotYet::Hold(format!(
+            "{} answered, but its volume {} does not record it: its data cannot be vouched for",
+            obs.names.pod(ordinal),
+            obs.names.pvc(ordinal)
+        ))),
+    }
 }
 
 fn ordinal_of(obs: &Observation, m: &MemberObservation) -> Option<u32> {

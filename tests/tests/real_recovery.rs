@@ -1,0 +1,131 @@
+//! Recovery from a permanent loss of quorum on real Kubernetes (issue 36):
+//! the real StatefulSet controller, scheduler and PVC binder remake the lost
+//! members' pods and claims, and the controller recovers the cluster from
+//! its survivor (`spec.recovery.quorumLoss: FromSurvivors`) with a writer
+//! running before the loss.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use etcdfleet_api::conditions::{self, AVAILABLE};
+use etcdfleet_api::recovery::{RECOVERING, phase};
+use etcdfleet_controllers::etcd::ClusterClient;
+use etcdfleet_controllers::etcdcluster::plan::Step;
+use etcdfleet_tests::control_plane::scenario::{
+    NS, cluster_manifest, converge_real, etcd_of, get, installed_world, put, read_everywhere,
+};
+use etcdfleet_tests::driver::{converge, no_hook};
+use etcdfleet_tests::etcd_harness::{AckedWriter, verify_acknowledged};
+use etcdfleet_tests::scenario::WORKLOAD_NS;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams};
+
+const SPEC: &str = "  clusterRef:
+    name: w1
+  version: 3.5.1
+  replicas: 3
+  etcd:
+    heartbeatIntervalMillis: 50
+    electionTimeoutMillis: 500
+  recovery:
+    quorumLoss: FromSurvivors
+    lostAfterSeconds: 30
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_quorum_loss_recovers_from_the_survivor_with_every_write_it_acknowledged() -> Result<()>
+{
+    let Some(world) = installed_world(&["w1"]).await? else {
+        return Ok(());
+    };
+    let mut ctl = world.controller().await?;
+    world.apply(&cluster_manifest("shop", SPEC))?;
+    converge_real(&mut ctl, &["shop"]).await?;
+
+    // Member 0 leads: every write acknowledged from now on was applied on it.
+    let (endpoints, config) = etcd_of(&world, "w1", "shop", 3).await?;
+    let client = ClusterClient::connect(&endpoints, &config).await?;
+    let before = client.member(&endpoints[0]).await?.status().await?;
+    let survivor = before.member_id;
+    client.move_leader(survivor).await?;
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Members 1 and 2 are lost with their volumes: their data wiped, their
+    // claims and pods deleted; the StatefulSet controller makes new ones.
+    let workload = world.workload("w1").admin_client().await?;
+    let pods: Api<Pod> = Api::namespaced(workload.clone(), WORKLOAD_NS);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(workload, WORKLOAD_NS);
+    for o in [1, 2] {
+        let claim = format!("data-shop-etcd-{o}");
+        world
+            .workload("w1")
+            .runtime()
+            .wipe_pvc(WORKLOAD_NS, &claim)
+            .await?;
+        pvcs.delete(&claim, &DeleteParams::default()).await?;
+        pods.delete(
+            &format!("shop-etcd-{o}"),
+            &DeleteParams::default().grace_period(0),
+        )
+        .await?;
+    }
+    let report = writer.stop().await?;
+    ensure!(!report.acknowledged.is_empty(), "no write acknowledged");
+
+    let log = converge(
+        &mut ctl,
+        &[(NS, "shop")],
+        Duration::from_secs(300),
+        || async { Ok(()) },
+        no_hook,
+    )
+    .await?;
+    let recovery: Vec<&str> = log
+        .steps
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Step::Recovery(r) => Some(r.kind()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(recovery.first(), Some(&"BeginRecovery"), "{:?}", log.steps);
+    assert_eq!(
+        recovery.last(),
+        Some(&"CompleteRecovery"),
+        "{:?}",
+        log.steps
+    );
+    assert_eq!(
+        recovery
+            .iter()
+            .filter(|k| **k == "RestartRecoveringMember")
+            .count(),
+        1,
+        "{recovery:?}"
+    );
+
+    let checked = verify_acknowledged(&report, &endpoints, &config, "acked").await?;
+    assert_eq!(checked, report.acknowledged.len());
+    put(&world, "w1", "shop", 3, "after-the-recovery").await?;
+    read_everywhere(&world, "w1", "shop", 3, "after-the-recovery").await?;
+    let status = get(&world, "shop").await?.status.context("no status")?;
+    let record = status.last_recovery.context("no lastRecovery")?;
+    assert_eq!(
+        (record.phase.as_str(), record.member.as_str()),
+        (phase::COMPLETED, "shop-etcd-0")
+    );
+    assert_eq!(record.member_id, format!("{survivor:x}"));
+    let lost: Vec<&str> = record.lost.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(lost, ["shop-etcd-1", "shop-etcd-2"]);
+    let recovering = conditions::find(&status.conditions, RECOVERING).context("no Recovering")?;
+    assert_eq!(recovering.status, "False", "{recovering:?}");
+    let available = conditions::find(&status.conditions, AVAILABLE).context("no Available")?;
+    assert_eq!(available.status, "True", "{available:?}");
+    // The recovered cluster keeps its id: the survivor forced, it did not
+    // start a new cluster.
+    let after = ClusterClient::connect(&endpoints, &config).await?;
+    let (_, leader) = after.leader().await?;
+    assert_eq!(leader.cluster_id, before.cluster_id);
+    Ok(())
+}
