@@ -480,6 +480,10 @@ fn cel_tuning_and_backup_bounds() {
             "electionTimeoutMillis must be between 50 and 50000",
         ),
         ("  backup: {retention: 0}\n", "retention must be at least 1"),
+        (
+            "  recovery: {quorumLoss: FromSurvivors, lostAfterSeconds: 10}\n",
+            "lostAfterSeconds must be between 30 and 604800",
+        ),
     ];
     for (spec, expected) in cases {
         let msg = messages(with_ref(spec).validate_cel());
@@ -487,6 +491,11 @@ fn cel_tuning_and_backup_bounds() {
     }
     assert!(
         with_ref("  etcd: {heartbeatIntervalMillis: 100, electionTimeoutMillis: 1000}\n  backup: {retention: 1}\n")
+            .validate_cel()
+            .is_ok()
+    );
+    assert!(
+        with_ref("  recovery: {quorumLoss: FromSurvivors, lostAfterSeconds: 30}\n")
             .validate_cel()
             .is_ok()
     );

@@ -212,6 +212,42 @@ fn assert_controller_grants(role: &Value) {
     assert_eq!(grants, expected, "{role:?}");
 }
 
+/// The optional workload RBAC for recovery's node evidence
+/// (`config/workload-rbac-nodes`) grants reading Nodes and nothing else, to
+/// the same subjects as the namespaced bundle.
+#[test]
+fn workload_node_rbac_reads_nodes_only() {
+    let docs: Vec<Value> = documents()
+        .into_iter()
+        .filter(|(path, _)| {
+            path.components()
+                .any(|c| c.as_os_str() == "workload-rbac-nodes")
+        })
+        .filter(|(_, d)| d["kind"] != "Kustomization")
+        .map(|(_, d)| d)
+        .collect();
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .expect("a ClusterRole");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{ "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"] }])
+    );
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRoleBinding")
+        .expect("a ClusterRoleBinding");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    let names: Vec<&str> = binding["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["etcdfleet-controller", "etcdfleet"]);
+}
+
 /// The workload RBAC (`config/workload-rbac`) is a Role in the etcd
 /// namespace, nothing cluster-wide, bound to the User the real tier uses and
 /// to the bundle's ServiceAccount; the README's permissions section names
@@ -309,9 +345,10 @@ fn controller_rbac_is_least_privilege_in_both_modes() {
     let cluster_roles: Vec<_> = of_kind(&docs, "ClusterRole")
         .into_iter()
         .filter(|(path, _)| {
-            !path
-                .components()
-                .any(|c| c.as_os_str() == "workload-rbac" || c.as_os_str() == "storage-migration")
+            !path.components().any(|c| {
+                ["workload-rbac", "workload-rbac-nodes", "storage-migration"]
+                    .contains(&c.as_os_str().to_string_lossy().as_ref())
+            })
         })
         .collect();
     let named = |name: &str| {
@@ -415,9 +452,10 @@ fn controller_rbac_is_least_privilege_in_both_modes() {
     // migration binds its own ServiceAccount, never the controller's).
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
         for (_, b) in of_kind(&docs, kind).into_iter().filter(|(path, _)| {
-            !path
-                .components()
-                .any(|c| c.as_os_str() == "workload-rbac" || c.as_os_str() == "storage-migration")
+            !path.components().any(|c| {
+                ["workload-rbac", "workload-rbac-nodes", "storage-migration"]
+                    .contains(&c.as_os_str().to_string_lossy().as_ref())
+            })
         }) {
             let subject = &b["subjects"][0];
             assert_eq!(subject["kind"].as_str(), Some("ServiceAccount"));

@@ -40,6 +40,7 @@ fn exported_series() -> BTreeSet<String> {
     metrics.set_certificate_expiry("team-a/c", "ca", Some(2_000_000_000));
     metrics.observe_backup_success("team-a/c", 4096, Duration::from_millis(5));
     metrics.observe_backup_failure("team-a/c", "ObjectStoreError");
+    metrics.observe_recovery_started("team-a/c");
     let text = metrics.encode();
     let mut names = BTreeSet::new();
     for line in text.lines() {
@@ -282,8 +283,9 @@ fn every_alert_parses_names_exported_metrics_and_says_what_to_fix() {
         }
         alerts.insert(name);
     }
-    // The five the platform team pages on.
+    // The ones the platform team pages on.
     for needed in [
+        "EtcdfleetQuorumLossRecovered",
         "EtcdfleetBackupTooOld",
         "EtcdfleetClusterNotAvailable",
         "EtcdfleetQuorumAtRisk",
@@ -361,6 +363,36 @@ fn fleet_metrics() -> String {
     m.encode()
 }
 
+/// A recovery from a lost quorum started ten minutes in (the counter as the
+/// controller encodes it, going from 0 to 1): `EtcdfleetQuorumLossRecovered`
+/// fires on that cluster.
+fn recovery_case(rules: &[serde_json::Value]) -> (serde_json::Value, serde_json::Value) {
+    let m = Metrics::new();
+    m.observe_recovery_started("t/recovered");
+    let encoded = m.encode();
+    let series = encoded
+        .lines()
+        .find(|l| l.starts_with("etcdfleet_quorum_loss_recoveries_total{"))
+        .and_then(|l| l.rsplit_once(' '))
+        .map(|(series, _)| series.to_string())
+        .expect("the recoveries counter is encoded");
+    let rule = rules
+        .iter()
+        .find(|r| r["alert"].as_str() == Some("EtcdfleetQuorumLossRecovered"))
+        .expect("rule EtcdfleetQuorumLossRecovered");
+    let labels = serde_json::json!({ "cluster": "t/recovered" });
+    let mut all = labels.clone();
+    all["severity"] = rule["labels"]["severity"].as_str().unwrap().into();
+    (
+        serde_json::json!({ "series": series, "values": "0x10 1x30" }),
+        serde_json::json!({
+            "eval_time": "20m",
+            "alertname": "EtcdfleetQuorumLossRecovered",
+            "exp_alerts": [{ "exp_labels": all, "exp_annotations": expanded(rule, &labels) }],
+        }),
+    )
+}
+
 /// The encoded samples as promtool input series, constant for `minutes`.
 fn input_series(exposition: &str, minutes: u32) -> Vec<serde_json::Value> {
     exposition
@@ -431,6 +463,8 @@ fn each_alert_fires_on_the_state_it_names_and_never_on_a_healthy_cluster() {
             "EtcdfleetCertificateExpiresSoon",
             vec![serde_json::json!({ "cluster": "t/expiring", "certificate": "client" })],
         ),
+        // A recovery long past (a constant count) does not fire.
+        ("EtcdfleetQuorumLossRecovered", vec![]),
     ];
     let rules = rules(&spec);
     let mut cases = Vec::new();
@@ -474,6 +508,7 @@ fn each_alert_fires_on_the_state_it_names_and_never_on_a_healthy_cluster() {
         .iter()
         .find(|r| r["alert"].as_str() == Some("EtcdfleetBackupTooOld"))
         .unwrap();
+    let (recovered_series, recovered_case) = recovery_case(&rules);
     let mut backup_labels = cluster("t/old-backup");
     backup_labels["severity"] = backup_rule["labels"]["severity"].as_str().unwrap().into();
     let tests = serde_json::json!({
@@ -492,6 +527,11 @@ fn each_alert_fires_on_the_state_it_names_and_never_on_a_healthy_cluster() {
                         "exp_annotations": expanded(backup_rule, &cluster("t/old-backup")),
                     }],
                 }],
+            },
+            {
+                "interval": "1m",
+                "input_series": [recovered_series],
+                "alert_rule_test": [recovered_case],
             },
         ],
     });

@@ -347,6 +347,27 @@ fn offline_errors(spec: &str) -> String {
 }
 
 #[test]
+fn a_recovery_policy_is_refused_offline_as_the_api_server_refuses_it() {
+    for (spec, wanted) in [
+        (
+            "recovery: {quorumLoss: Sometimes}",
+            "spec.recovery.quorumLoss: Unsupported value: \"Sometimes\"",
+        ),
+        (
+            "recovery: {lostAfterSeconds: 5}",
+            "lostAfterSeconds must be between 30 and 604800",
+        ),
+    ] {
+        let errors = offline_errors(spec);
+        assert!(errors.contains(wanted), "{spec}: {errors}");
+    }
+    assert_eq!(
+        offline_errors("recovery: {quorumLoss: FromSurvivors, lostAfterSeconds: 600}"),
+        ""
+    );
+}
+
+#[test]
 fn sizes_quantities_and_schedules_are_refused_offline_as_the_api_server_refuses_them() {
     for (spec, wanted) in [
         ("storage: {size: -5Gi}", "size must be a positive quantity"),
