@@ -275,3 +275,146 @@ async fn members_unreachable_from_the_controller_with_ready_pods_are_never_recov
     assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
     Ok(())
 }
+
+/// A copy of member 1's data directory (its process stopped first), as a
+/// node that comes back later would still hold it.
+async fn keep_member_1_data(fleet: &Fleet, into: &std::path::Path) -> Result<()> {
+    let runtime = fleet.runtime("a");
+    runtime
+        .kill_pod_process(WORKLOAD_NS, "etcd-a-etcd-1")
+        .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let from = runtime.pvc_dir(WORKLOAD_NS, "data-etcd-a-etcd-1");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&from)
+        .arg(into)
+        .status()?;
+    ensure!(copied.success(), "copying {}", from.display());
+    Ok(())
+}
+
+/// Member 1 of the old cluster, back on its old data: etcd on loopback
+/// ports, resolving the members' names as the pods do, with the cluster's
+/// peer and server certificates.
+async fn old_member_1(
+    fleet: &Fleet,
+    data: &std::path::Path,
+) -> Result<(etcdfleet_tests::etcd_harness::EtcdProcess, String)> {
+    use etcdfleet_controllers::render::Names;
+    use etcdfleet_tests::etcd_harness::{EtcdBinary, EtcdProcess, ProcessSpec, free_ports};
+    use k8s_openapi::api::core::v1::Secret;
+    let names = Names::new("etcd-a", WORKLOAD_NS);
+    let secrets: Api<Secret> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let tls = data.join("tls");
+    std::fs::create_dir_all(&tls)?;
+    for (kind, secret) in [
+        ("peer", names.peer_tls_secret()),
+        ("server", names.server_tls_secret()),
+    ] {
+        let secret = secrets.get(&secret).await?;
+        for key in ["tls.crt", "tls.key", "ca.crt"] {
+            let bytes = (secret.data.as_ref())
+                .and_then(|d| d.get(key))
+                .with_context(|| format!("{key} of the {kind} TLS Secret"))?;
+            std::fs::write(tls.join(format!("{kind}-{key}")), &bytes.0)?;
+        }
+    }
+    let ports = free_ports(3)?;
+    let client = format!("https://127.0.0.1:{}", ports[0]);
+    let file = |name: &str| tls.join(name).display().to_string();
+    let args = vec![
+        format!("--name={}", names.pod(1)),
+        format!("--data-dir={}", data.join("data").display()),
+        format!("--listen-client-urls={client}"),
+        format!("--advertise-client-urls={client}"),
+        format!("--listen-peer-urls=https://127.0.0.1:{}", ports[1]),
+        format!("--listen-metrics-urls=http://127.0.0.1:{}", ports[2]),
+        "--heartbeat-interval=50".into(),
+        "--election-timeout=500".into(),
+        "--client-cert-auth=true".into(),
+        format!("--trusted-ca-file={}", file("server-ca.crt")),
+        format!("--cert-file={}", file("server-tls.crt")),
+        format!("--key-file={}", file("server-tls.key")),
+        "--peer-client-cert-auth=true".into(),
+        format!("--peer-trusted-ca-file={}", file("peer-ca.crt")),
+        format!("--peer-cert-file={}", file("peer-tls.crt")),
+        format!("--peer-key-file={}", file("peer-tls.key")),
+    ];
+    let process = EtcdProcess::spawn(&ProcessSpec {
+        binary: EtcdBinary::locate(EtcdVersion::V3_5).etcd,
+        args,
+        env: vec![],
+        log_file: data.join("old-member-1.log"),
+        hosts_file: Some(fleet.runtime("a").hosts_file()),
+    })?;
+    Ok((process, client))
+}
+
+/// Puts `key` through `endpoint` alone, within two seconds.
+async fn put_through(
+    endpoint: &str,
+    config: &etcdfleet_controllers::etcd::EtcdConfig,
+    key: &str,
+) -> Result<()> {
+    let mut kv = ClusterClient::connect(&[endpoint.to_string()], config)
+        .await?
+        .kv();
+    tokio::time::timeout(Duration::from_secs(2), kv.put(key, "v", None)).await??;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_member_back_on_its_old_data_never_rejoins_and_no_two_clusters_take_writes()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, mut ctl) = Box::pin(running(
+        &["a"],
+        &[recovering(QuorumLossPolicy::FromSurvivors)],
+    ))
+    .await?;
+    lead_from_member_0(&fleet).await?;
+    put(&fleet, "a", "etcd-a", 3, "before-the-loss").await?;
+    let kept = tempfile::tempdir()?;
+    keep_member_1_data(&fleet, kept.path()).await?;
+    let data = kept.path().join("data-etcd-a-etcd-1");
+    lose_members_1_and_2(&fleet).await?;
+    Box::pin(converge(
+        &mut ctl,
+        &[(NS, "etcd-a")],
+        Duration::from_secs(180),
+        || fleet.sync_all(),
+        etcdfleet_tests::driver::no_hook,
+    ))
+    .await?;
+
+    // Member 1's node comes back with its old data, and a writer on each
+    // side: the old member finds itself removed and stops; it takes no
+    // write, while the recovered cluster takes every one.
+    let (_, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let (old, old_endpoint) = old_member_1(&fleet, &data).await?;
+    let (mut old_side, mut new_side) = (0, 0);
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until && old.is_running() {
+        old_side += usize::from(
+            put_through(&old_endpoint, &config, "old-side")
+                .await
+                .is_ok(),
+        );
+        new_side += usize::from(put(&fleet, "a", "etcd-a", 3, "new-side").await.is_ok());
+    }
+    let log = old.log_tail(200);
+    assert!(!old.is_running(), "the old member still runs:\n{log}");
+    assert_eq!(old_side, 0, "the old member took writes:\n{log}");
+    assert!(new_side > 0, "the recovered cluster took no write");
+    assert!(
+        log.contains("permanently removed"),
+        "the old member did not stop as removed:\n{log}"
+    );
+    read_everywhere(&fleet, "a", "etcd-a", 3, "before-the-loss").await?;
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    assert_eq!(status.members.iter().filter(|m| !m.learner).count(), 3);
+    Ok(())
+}

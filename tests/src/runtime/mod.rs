@@ -223,6 +223,12 @@ impl WorkloadRuntime {
     }
 
     /// The host directory behind PVC `namespace/name`.
+    /// The hosts file every pod process sees as `/etc/hosts` (a process
+    /// started beside the pods resolves their names with it).
+    pub fn hosts_file(&self) -> PathBuf {
+        self.inner.hosts_file.clone()
+    }
+
     pub fn pvc_dir(&self, namespace: &str, pvc: &str) -> PathBuf {
         self.inner.pvc_dir(namespace, pvc)
     }
