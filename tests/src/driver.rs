@@ -133,7 +133,13 @@ impl TestController {
     pub async fn reconcile(&self, namespace: &str, name: &str) -> Result<Outcome> {
         let api: Api<EtcdCluster> = Api::namespaced(self.management.clone(), namespace);
         let cluster = api.get(name).await?;
-        Ok(reconcile_cluster(&cluster, &self.ctx).await?)
+        // On a task of its own, as the controller's runtime runs it: a
+        // reconcile polled under a test's own futures (converge loops, a
+        // takeover's phases) on the test thread's 2 MiB stack overflowed it
+        // in debug builds.
+        let ctx = self.ctx.clone();
+        let reconcile = tokio::spawn(async move { reconcile_cluster(&cluster, &ctx).await });
+        Ok(reconcile.await??)
     }
 }
 

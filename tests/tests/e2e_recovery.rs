@@ -365,7 +365,7 @@ async fn put_through(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lost_member_back_on_its_old_data_never_rejoins_and_no_two_clusters_take_writes()
+async fn quorum_loss_a_lost_member_back_on_its_old_data_never_rejoins_and_no_two_clusters_take_writes()
 -> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());

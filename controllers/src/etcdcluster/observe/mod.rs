@@ -170,7 +170,9 @@ pub async fn observe(
         config: &etcd.config,
     };
     let policy = resolved.resolution.spec.recovery;
-    let recovery = recovery::read(&key, policy, &status, members_reached, workload, ctx).await;
+    // Boxed: the survivors' answers would grow every reconcile's future.
+    let read = recovery::read(&key, policy, &status, members_reached, workload, ctx);
+    let recovery = Box::pin(read).await;
 
     let readings = Readings {
         names: w.names.clone(),
