@@ -9,6 +9,7 @@ pub mod dialer;
 pub use etcdfleet_etcd as etcd;
 pub mod etcdcluster;
 pub mod http;
+pub mod install;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;

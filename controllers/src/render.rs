@@ -19,8 +19,8 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector, PersistentVolumeClaim,
+    Affinity, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, Namespace, ObjectFieldSelector, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
     ResourceRequirements, SecretKeySelector, SecretVolumeSource, Service, ServicePort, ServiceSpec,
     Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
@@ -490,29 +490,18 @@ fn restore_init_containers(
     data_mount: &VolumeMount,
 ) -> (Vec<Container>, Volume) {
     let names = inputs.names();
-    let tools = VolumeMount {
-        name: "etcdfleet-seeder".to_string(),
-        mount_path: SEEDER_MOUNT.to_string(),
-        ..Default::default()
-    };
-    let volume = Volume {
-        name: tools.name.clone(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Default::default()
-    };
-    let seeder = format!("{SEEDER_MOUNT}/etcdfleet");
-    let install = Container {
-        name: "install-seeder".to_string(),
-        image: Some(record.seeder_image.clone()),
-        image_pull_policy: Some("IfNotPresent".to_string()),
-        command: Some(vec![
-            SEEDER_IMAGE_BINARY.to_string(),
-            "install-seeder".to_string(),
-            seeder.clone(),
-        ]),
-        volume_mounts: Some(vec![tools.clone()]),
-        ..Default::default()
-    };
+    let crate::install::Installed {
+        container: install,
+        volume,
+        mount: tools,
+        binary: seeder,
+    } = crate::install::install_etcdfleet(
+        "install-seeder",
+        "etcdfleet-seeder",
+        &record.seeder_image,
+        SEEDER_IMAGE_BINARY,
+        SEEDER_MOUNT,
+    );
     // The destination as the seeder needs it: credentials come from the env.
     let mut destination = record.destination.clone();
     destination.credentials_secret_name = None;

@@ -7,7 +7,7 @@
 
 pub mod force;
 
-use k8s_openapi::api::core::v1::{Container, EmptyDirVolumeSource, EnvVar, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Volume, VolumeMount};
 
 /// Where the tools image's etcdfleet binary is copied for the init
 /// container that runs in the etcd image.
@@ -49,29 +49,18 @@ pub struct EtcdContainer {
 /// image, where it forces the new cluster on the chosen member once and
 /// does nothing on any other (see [`force`]).
 pub fn init_containers(force: &ForceNewCluster, etcd: &EtcdContainer) -> (Vec<Container>, Volume) {
-    let tools = VolumeMount {
-        name: "etcdfleet-recovery".to_string(),
-        mount_path: TOOLS_MOUNT.to_string(),
-        ..Default::default()
-    };
-    let volume = Volume {
-        name: tools.name.clone(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Default::default()
-    };
-    let binary = format!("{TOOLS_MOUNT}/etcdfleet");
-    let install = Container {
-        name: "install-recovery".to_string(),
-        image: Some(force.tools_image.clone()),
-        image_pull_policy: Some("IfNotPresent".to_string()),
-        command: Some(vec![
-            etcd.tools_binary.to_string(),
-            "install-seeder".to_string(),
-            binary.clone(),
-        ]),
-        volume_mounts: Some(vec![tools.clone()]),
-        ..Default::default()
-    };
+    let crate::install::Installed {
+        container: install,
+        volume,
+        mount: tools,
+        binary,
+    } = crate::install::install_etcdfleet(
+        "install-recovery",
+        "etcdfleet-recovery",
+        &force.tools_image,
+        etcd.tools_binary,
+        TOOLS_MOUNT,
+    );
     let mut args = vec![
         "force-new-cluster".to_string(),
         "--pod=$(POD_NAME)".to_string(),

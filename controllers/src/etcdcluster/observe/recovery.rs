@@ -159,9 +159,13 @@ fn remember_revision(ctx: &Context, key: &str, health: Option<&ClusterHealth>) -
         let highest = (h.members().iter())
             .filter_map(|m| m.status.as_ref().map(|s| s.revision))
             .max();
-        if let Some(r) = highest {
-            let kept = seen.entry(key.to_string()).or_insert(r);
-            *kept = (*kept).max(r);
+        // No key allocated on a converged poll: only a first sight inserts.
+        match (highest, seen.get_mut(key)) {
+            (Some(r), Some(kept)) => *kept = (*kept).max(r),
+            (Some(r), None) => {
+                seen.insert(key.to_string(), r);
+            }
+            (None, _) => {}
         }
     }
     seen.get(key).copied()
