@@ -72,10 +72,11 @@ pub(super) fn learner_in_flight(m: &Members) -> Option<Plan> {
     )))
 }
 
-/// Rule: a voter whose container exits on a version its data never ran (its
-/// pod's image names another version than the one its volume records) has
-/// failed on the version, not on its data: it is never removed and its
-/// volume never deleted. Once the StatefulSet's template moved on (the
+/// Rule: a voter unhealthy on a version its data never ran (its pod's image
+/// names another version than the one its volume records), whether its
+/// container exits or runs without becoming healthy, has failed on the
+/// version, not on its data: nothing says the data is the cause, so it is
+/// never removed and its volume never deleted. Once the StatefulSet's template moved on (the
 /// version set back), its pod is restarted onto it, which brings the member
 /// back on its own data; until then, past the failure grace, the cluster
 /// holds, naming the member, the version and how its container last ended.
@@ -88,10 +89,11 @@ pub(super) fn cannot_start_on_new_version(m: &Members) -> Option<Plan> {
         let id = mo.member.id;
         let ordinal = m.ordinal_of(id)?;
         let pod = obs.pods.get(&ordinal).filter(|p| !p.deleting)?;
-        let exit = pod.last_exit.as_ref()?;
         let runs = etcdfleet_api::version::version_of_image(&pod.image)?.to_string();
         let data = obs.pvcs.get(&ordinal)?.etcd_version.as_ref()?;
-        if &runs == data {
+        // One that never exited is only starting until its failure grace
+        // has passed.
+        if &runs == data || (pod.last_exit.is_none() && !obs.failed_members.contains(&id)) {
             return None;
         }
         if m.outdated(ordinal) && !m.sts.template_seen {
@@ -116,9 +118,13 @@ pub(super) fn cannot_start_on_new_version(m: &Members) -> Option<Plan> {
                 )),
             });
         }
+        let exit = match &pod.last_exit {
+            Some(exit) => format!("its container {exit}"),
+            None => "it runs but is not healthy".to_string(),
+        };
         obs.failed_members.contains(&id).then(|| {
             Plan::Hold(format!(
-                "member {} cannot start on etcd {runs}: its container {exit}. Its data last \
+                "member {} cannot start on etcd {runs}: {exit}. Its data last \
                  ran etcd {data} and is kept: the member is not replaced, since the new \
                  version, not its data, fails. Set spec.version back to {data} to bring \
                  it back on its own data",
@@ -348,13 +354,26 @@ mod tests {
             failed_members(&members(&obs)),
             Some(Plan::Act(Step::RemoveMember { member_id: 102, .. }))
         ));
-        // So is a member with no volume left, or one that never exited.
+        // So is a member with no volume left.
         let mut gone = crashing_on_a_new_version();
         gone.pvcs.remove(&2);
         assert_eq!(cannot_start_on_new_version(&members(&gone)), None);
+    }
+
+    #[test]
+    fn a_member_running_unhealthy_on_a_new_version_past_its_grace_is_held_never_removed() {
+        // Restarted onto the new version, it runs but is not healthy yet
+        // past the failure grace (a slow first start on a new minor): the
+        // version is the suspect, not the data.
         let mut stuck = crashing_on_a_new_version();
         stuck.pods.get_mut(&2).unwrap().last_exit = None;
-        assert_eq!(cannot_start_on_new_version(&members(&stuck)), None);
+        stuck.pods.get_mut(&2).unwrap().running = true;
+        let plan = super::super::plan_next_step(&stuck);
+        let Plan::Hold(why) = &plan else {
+            panic!("held, not {plan:?}")
+        };
+        assert!(why.contains("it runs but is not healthy"), "{why}");
+        assert!(why.contains("Set spec.version back to 3.5.1"), "{why}");
     }
 
     #[test]
