@@ -41,7 +41,7 @@ pub struct BackupSpec {
 
 /// Where snapshots go: an S3-compatible bucket (`bucket`) or a directory on
 /// the controller's filesystem (`path`, for development and tests).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.bucket) != has(self.path)").message("exactly one of bucket (S3-compatible store) or path (local directory) must be set"))]
 pub struct ObjectStoreDestination {

@@ -15,6 +15,13 @@
 //! 3. `Regrowing`: the one-member cluster grows back to its size.
 //! 4. `Completed`.
 //!
+//! `FromBackup` does the same while a survivor answers; when no member
+//! answers and every voter is lost by the same evidence, it restores the
+//! newest `EtcdBackup` of the cluster that verifies again now, into the
+//! same cluster (name, PKI, Services kept): `Fencing` records it, the
+//! workload's member objects are cleared, `RestoringFromBackup` seeds
+//! member 0 from the snapshot as a new cluster, then `Regrowing`.
+//!
 //! `Manual` (the default) takes no step: a person decides.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -35,10 +42,12 @@ pub const MIN_LOST_AFTER_SECONDS: i32 = 30;
 pub mod phase {
     pub const FENCING: &str = "Fencing";
     pub const FORCING: &str = "ForcingNewCluster";
+    /// From a backup: member 0 is seeded from the snapshot.
+    pub const RESTORING: &str = "RestoringFromBackup";
     pub const REGROWING: &str = "Regrowing";
     pub const COMPLETED: &str = "Completed";
     /// Every phase, for the phase gauge.
-    pub const ALL: [&str; 4] = [FENCING, FORCING, REGROWING, COMPLETED];
+    pub const ALL: [&str; 5] = [FENCING, FORCING, RESTORING, REGROWING, COMPLETED];
 }
 
 /// What the controller does when a majority of the voters is lost.
@@ -52,6 +61,10 @@ pub enum QuorumLossPolicy {
     /// Recover from the surviving member with the most data (etcd's
     /// `--force-new-cluster`, once), then grow back through learners.
     FromSurvivors,
+    /// As `FromSurvivors` while a survivor answers; when no member answers
+    /// and every voter is lost, restore the newest backup of the cluster
+    /// that verifies, into the same cluster, then grow back.
+    FromBackup,
 }
 
 impl std::fmt::Display for QuorumLossPolicy {
@@ -59,6 +72,7 @@ impl std::fmt::Display for QuorumLossPolicy {
         f.write_str(match self {
             QuorumLossPolicy::Manual => "Manual",
             QuorumLossPolicy::FromSurvivors => "FromSurvivors",
+            QuorumLossPolicy::FromBackup => "FromBackup",
         })
     }
 }
@@ -71,6 +85,9 @@ pub struct RecoverySpec {
     /// `Manual` (default): no step, a person decides. `FromSurvivors`:
     /// restart the surviving member with the most data as a one-member
     /// cluster, then grow back (the writes only lost members held are lost).
+    /// `FromBackup`: the same while a member answers; when none does and
+    /// every voter is lost, restore the newest backup that verifies (the
+    /// writes after it are lost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quorum_loss: Option<QuorumLossPolicy>,
     /// How long a voter must have been down (not answering, its pod not
@@ -155,11 +172,18 @@ pub struct RecoveryStatus {
     pub updated_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_time: Option<Time>,
-    /// The member the cluster was recovered from (pod name).
+    /// The member the cluster was recovered from (pod name); from a
+    /// backup, the member seeded from it.
     pub member: String,
-    /// Its etcd member id, hexadecimal (etcd keeps it, and the cluster id).
+    /// Its etcd member id, hexadecimal (etcd keeps it, and the cluster id);
+    /// empty for a recovery from a backup (a restore makes new ids).
+    #[serde(default)]
     pub member_id: String,
-    /// The revision the recovered cluster kept: the chosen member's.
+    /// The backup recovered from, when no member survived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<RecoveryBackup>,
+    /// The revision the recovered cluster kept: the chosen member's, or the
+    /// backup's.
     pub kept_revision: i64,
     /// The highest revision the controller saw before the loss, if it saw
     /// the cluster since it started.
@@ -175,6 +199,24 @@ pub struct RecoveryStatus {
     /// Every voter counted as lost, with its evidence.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lost: Vec<LostMemberRecord>,
+}
+
+/// The backup a recovery restored: the newest `Succeeded` `EtcdBackup` of
+/// the cluster whose object verified again (size, SHA-256, the etcd that
+/// wrote it) when the recovery began.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoveryBackup {
+    /// The `EtcdBackup`'s name.
+    pub name: String,
+    /// The revision the backup recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// When the backup completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_time: Option<Time>,
+    /// The verified snapshot member 0 is seeded from.
+    pub snapshot: crate::restore::RestoreRecord,
 }
 
 impl RecoveryStatus {
@@ -203,6 +245,26 @@ pub fn loss_window(kept_revision: i64, last_seen_revision: Option<i64>) -> Strin
     }
 }
 
+/// The loss window of a recovery from a backup taken at `taken` (as a
+/// person reads it).
+pub fn backup_loss_window(
+    backup_revision: i64,
+    taken: Option<&str>,
+    last_seen_revision: Option<i64>,
+) -> String {
+    let taken = taken.map(|t| format!(" taken {t}")).unwrap_or_default();
+    let seen = match last_seen_revision {
+        Some(seen) if seen > backup_revision => {
+            format!(" (the controller saw up to revision {seen})")
+        }
+        _ => String::new(),
+    };
+    format!(
+        "every write after the backup{taken} at revision {backup_revision} is lost{seen}; \
+         revision numbers of the restored cluster continue from the backup's"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,5 +287,8 @@ mod tests {
         assert!(loss_window(100, Some(120)).starts_with("revisions 101 to 120"));
         assert!(loss_window(100, Some(90)).starts_with("nothing the controller saw"));
         assert!(loss_window(100, None).contains("after revision 100"));
+        let w = backup_loss_window(100, Some("2026-11-27T10:00:00Z"), Some(150));
+        assert!(w.starts_with("every write after the backup taken 2026-11-27T10:00:00Z"));
+        assert!(w.contains("revision 100 is lost (the controller saw up to revision 150)"));
     }
 }

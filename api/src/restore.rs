@@ -115,7 +115,7 @@ pub struct ResolvedRestore {
 /// workload write. The seeder is rendered from this record, not from the
 /// spec, so the pod template never changes because the `EtcdBackup` is pruned
 /// later or the controller's default seeder image moves on.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RestoreRecord {
     /// The `EtcdBackup` it came from, when named by `backupName`.

@@ -196,3 +196,52 @@ pub async fn put_credentials_in(client: kube::Client, namespace: &str) -> Result
         .await?;
     Ok(())
 }
+
+/// Takes one backup of `cluster` (in namespace `ns` of the management
+/// cluster `management`) through the backup reconciler; returns it,
+/// `Succeeded`.
+pub async fn back_up(
+    (management, ns): (kube::Client, &str),
+    ctl: &crate::driver::TestController,
+    name: &str,
+    cluster: &str,
+    destination: etcdfleet_api::ObjectStoreDestination,
+) -> Result<etcdfleet_api::EtcdBackup> {
+    use etcdfleet_api::backup::phase;
+    use etcdfleet_api::{EtcdBackup, EtcdBackupSpec};
+    use etcdfleet_controllers::backup::{
+        Context as BackupContext, Outcome as BackupOutcome, reconcile_backup,
+    };
+    use kube::api::{Api, PostParams};
+    let mut b = EtcdBackup::new(
+        name,
+        EtcdBackupSpec {
+            cluster_name: cluster.into(),
+            destination: Some(destination),
+        },
+    );
+    b.metadata.namespace = Some(ns.into());
+    let api = Api::<EtcdBackup>::namespaced(management, ns);
+    api.create(&PostParams::default(), &b).await?;
+    let bctx = BackupContext::new(ctl.ctx.clone());
+    for _ in 0..60 {
+        let b = api.get(name).await?;
+        if matches!(
+            reconcile_backup(&b, &bctx).await?,
+            BackupOutcome::Done
+                | BackupOutcome::Succeeded { .. }
+                | BackupOutcome::AttemptFailed { .. }
+        ) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let b = api.get(name).await?;
+    let p = b.status.as_ref().and_then(|s| s.phase.clone());
+    anyhow::ensure!(
+        p.as_deref() == Some(phase::SUCCEEDED),
+        "backup {name}: {:?}",
+        b.status
+    );
+    Ok(b)
+}

@@ -11,12 +11,8 @@
 //!   refused until they are deleted, and never mixes their data in.
 
 use anyhow::{Context as _, Result, ensure};
-use etcdfleet_api::backup::phase;
 use etcdfleet_api::restore::{BootstrapSpec, RESTORE_FAILED, RestoreSource, reason};
-use etcdfleet_api::{EtcdBackup, EtcdBackupSpec, EtcdCluster, ObjectStoreDestination};
-use etcdfleet_controllers::backup::{
-    Context as BackupContext, Outcome as BackupOutcome, reconcile_backup,
-};
+use etcdfleet_api::{EtcdCluster, ObjectStoreDestination};
 use etcdfleet_controllers::etcd::ClusterClient;
 use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::ReconcilerSettings;
@@ -27,14 +23,14 @@ use etcdfleet_tests::driver::fast_settings;
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::s3::{
-    ACCESS_KEY_ID, CREDENTIALS, S3Server, SECRET_ACCESS_KEY, put_credentials,
+    ACCESS_KEY_ID, CREDENTIALS, S3Server, SECRET_ACCESS_KEY, back_up, put_credentials,
 };
 use etcdfleet_tests::scenario::{
     NS, WORKLOAD_NS, cluster, controller_with, converge_all, create, etcd_of, get, put, running,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use std::time::Duration;
 
 fn open(destination: &ObjectStoreDestination) -> Result<Store> {
@@ -44,47 +40,6 @@ fn open(destination: &ObjectStoreDestination) -> Result<Store> {
         session_token: None,
     };
     Ok(Store::open(destination, Some(&creds))?)
-}
-
-/// Takes one backup of `cluster` through the backup reconciler; returns it.
-async fn back_up(
-    fleet: &Fleet,
-    ctl: &TestController,
-    name: &str,
-    cluster: &str,
-    destination: ObjectStoreDestination,
-) -> Result<EtcdBackup> {
-    let mut b = EtcdBackup::new(
-        name,
-        EtcdBackupSpec {
-            cluster_name: cluster.into(),
-            destination: Some(destination),
-        },
-    );
-    b.metadata.namespace = Some(NS.into());
-    let api = Api::<EtcdBackup>::namespaced(fleet.management_direct(), NS);
-    api.create(&PostParams::default(), &b).await?;
-    let bctx = BackupContext::new(ctl.ctx.clone());
-    for _ in 0..60 {
-        let b = api.get(name).await?;
-        if matches!(
-            reconcile_backup(&b, &bctx).await?,
-            BackupOutcome::Done
-                | BackupOutcome::Succeeded { .. }
-                | BackupOutcome::AttemptFailed { .. }
-        ) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    let b = api.get(name).await?;
-    let p = b.status.as_ref().and_then(|s| s.phase.clone());
-    ensure!(
-        p.as_deref() == Some(phase::SUCCEEDED),
-        "backup {name}: {:?}",
-        b.status
-    );
-    Ok(b)
 }
 
 fn restoring(name: &str, workload: &str, source: RestoreSource) -> EtcdCluster {
@@ -178,12 +133,26 @@ async fn missing_corrupt_and_truncated_snapshots_are_refused_before_any_workload
     let destination = s3.destination("restore", CREDENTIALS);
     let (fleet, ctl) = running(&["a", "b"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
     put_credentials(&fleet).await?;
-    let good = back_up(&fleet, &ctl, "good", "etcd-a", destination.clone()).await?;
+    let good = back_up(
+        (fleet.management_direct(), NS),
+        &ctl,
+        "good",
+        "etcd-a",
+        destination.clone(),
+    )
+    .await?;
     // A write between the two backups gives the second its own object key
     // (keys are `<cluster>/<time>-<revision>.db`; same second, same revision
     // would share one).
     put(&fleet, "a", "etcd-a", 1, "between").await?;
-    let corrupt = back_up(&fleet, &ctl, "corrupt", "etcd-a", destination.clone()).await?;
+    let corrupt = back_up(
+        (fleet.management_direct(), NS),
+        &ctl,
+        "corrupt",
+        "etcd-a",
+        destination.clone(),
+    )
+    .await?;
     let gs = good.status.clone().context("status")?;
     let sha = gs.sha256.clone().context("sha")?;
     let store = open(&destination)?;
@@ -359,7 +328,14 @@ async fn restore_round_trip(version: EtcdVersion, tag: &str) -> Result<()> {
     let (fleet, ctl) = running(&["a", "b"], &[cluster("source", "a", 1, tag)]).await?;
     put_credentials(&fleet).await?;
     write_keys(&fleet, "a", "source", KEYS).await?;
-    let backup = back_up(&fleet, &ctl, "nightly", "source", destination).await?;
+    let backup = back_up(
+        (fleet.management_direct(), NS),
+        &ctl,
+        "nightly",
+        "source",
+        destination,
+    )
+    .await?;
     let key = backup
         .status
         .as_ref()
@@ -474,7 +450,14 @@ async fn a_restore_over_kept_volumes_is_refused_until_they_are_deleted_and_never
     let (fleet, mut ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
     put_credentials(&fleet).await?;
     write_keys(&fleet, "a", "etcd-a", 20).await?;
-    back_up(&fleet, &ctl, "before", "etcd-a", destination).await?;
+    back_up(
+        (fleet.management_direct(), NS),
+        &ctl,
+        "before",
+        "etcd-a",
+        destination,
+    )
+    .await?;
     put(&fleet, "a", "etcd-a", 1, "/restore/only-on-the-old-volume").await?;
 
     // Deleted: its PVC is kept (retention Retain) with the newer key on it.
@@ -553,7 +536,14 @@ async fn a_restore_that_would_downgrade_the_snapshot_is_refused_before_any_workl
     let (fleet, ctl) = running(&["a", "b"], &[cluster("source", "a", 1, "3.5.1")]).await?;
     put_credentials(&fleet).await?;
     write_keys(&fleet, "a", "source", 10).await?;
-    let backup = back_up(&fleet, &ctl, "taken-by-3-5", "source", destination.clone()).await?;
+    let backup = back_up(
+        (fleet.management_direct(), NS),
+        &ctl,
+        "taken-by-3-5",
+        "source",
+        destination.clone(),
+    )
+    .await?;
     let status = backup.status.clone().context("backup status")?;
     ensure!(
         status.etcd_version.as_deref() == Some("3.5.1"),

@@ -28,6 +28,7 @@ use super::manifests::{Manifests, cluster_id};
 use crate::etcd::{ClusterHealth, Member, MemberObservation, MemberStatus as EtcdMemberStatus};
 use crate::etcdcluster::observe::assemble::{ObjectsReading, Readings, assemble};
 use crate::etcdcluster::observe::history::History;
+use crate::etcdcluster::observe::recovery;
 use crate::etcdcluster::plan::observation::{
     EtcdObservation, Observation, PodObservation, PvcObservation, StatefulSetObservation,
 };
@@ -38,6 +39,7 @@ use crate::etcdcluster::resolve::{
     ResolutionSource, render_inputs, resolution_source, resolve_own_spec,
 };
 use crate::render::{Names, RenderInputs};
+use etcdfleet_api::recovery::QuorumLossPolicy;
 
 /// The version policy's verdict on a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,8 +292,11 @@ fn offline_recovery(
         EtcdObservation::Observed(h) => {
             crate::etcdcluster::observe::history::down_since(status, h, policy.lost_after, now)
         }
-        EtcdObservation::Unreachable(_) => Default::default(),
+        EtcdObservation::Unreachable(_) => {
+            recovery::recorded_down_since(status, policy.lost_after, now)
+        }
     };
+    let none_answers = matches!(obs.etcd, EtcdObservation::Unreachable(_));
     crate::etcdcluster::plan::RecoveryObservation {
         policy,
         record: status.last_recovery.clone(),
@@ -301,6 +306,12 @@ fn offline_recovery(
         )),
         last_seen_revision: None,
         local_view: None,
+        recorded_voters: match none_answers {
+            true => recovery::recorded_voters(status),
+            false => Vec::new(),
+        },
+        backup: (none_answers && policy.quorum_loss == QuorumLossPolicy::FromBackup)
+            .then(|| Err("etcdfleet plan does not read the backups".into())),
     }
 }
 

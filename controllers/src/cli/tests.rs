@@ -365,6 +365,12 @@ fn a_recovery_policy_is_refused_offline_as_the_api_server_refuses_it() {
         offline_errors("recovery: {quorumLoss: FromSurvivors, lostAfterSeconds: 600}"),
         ""
     );
+    assert_eq!(offline_errors("recovery: {quorumLoss: FromBackup}"), "");
+    assert!(
+        offline_errors("recovery: {quorumLoss: FromSnapshot}").contains("FromSnapshot"),
+        "{}",
+        offline_errors("recovery: {quorumLoss: FromSnapshot}")
+    );
 }
 
 #[test]

@@ -111,12 +111,41 @@ pub struct Context {
     pub held: std::sync::Mutex<std::collections::HashMap<String, (Option<i64>, u32)>>,
     pub settings: ReconcilerSettings,
     pub profile: RenderProfile,
-    /// Per cluster, the highest revision seen while it had its quorum (a
+    /// What recoveries from a lost quorum remember between reconciles.
+    pub recovery: RecoveryMemory,
+}
+
+/// What recoveries from a lost quorum remember per cluster (key
+/// `namespace/name`) between reconciles; forgotten when the cluster is
+/// deleted.
+#[derive(Default)]
+pub struct RecoveryMemory {
+    /// The highest revision seen while the cluster had its quorum (a
     /// recovery's loss window starts after the revision it keeps).
     pub last_revisions: std::sync::Mutex<std::collections::HashMap<String, i64>>,
-    /// Per cluster without a quorum, the members' last answers (see
+    /// Without a quorum, the members' last answers (see
     /// `observe::recovery::local_view`).
     pub member_answers: std::sync::Mutex<std::collections::HashMap<String, Answers>>,
+    /// Each backup's verdict (keyed by name and SHA-256), so a cluster
+    /// waiting to be recovered does not read its snapshots again on every
+    /// reconcile (see `crate::recovery::backup`).
+    pub backup_verdicts:
+        std::sync::Mutex<std::collections::HashMap<String, crate::recovery::backup::Verdicts>>,
+}
+
+impl RecoveryMemory {
+    /// Forgets everything remembered of the cluster `key`.
+    pub fn forget(&self, key: &str) {
+        self.last_revisions
+            .lock()
+            .expect("revision memory")
+            .remove(key);
+        self.member_answers
+            .lock()
+            .expect("answer memory")
+            .remove(key);
+        (self.backup_verdicts.lock().expect("verdict memory")).remove(key);
+    }
 }
 
 impl Context {
@@ -138,8 +167,7 @@ impl Context {
             memo: memo::ObservationMemo::default(),
             in_flight: Default::default(),
             held: Default::default(),
-            last_revisions: Default::default(),
-            member_answers: Default::default(),
+            recovery: Default::default(),
             settings,
             profile: RenderProfile::default(),
         }

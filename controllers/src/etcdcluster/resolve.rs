@@ -313,8 +313,15 @@ pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderIn
         quota_backend_bytes: r.tuning.quota_backend_bytes,
         snapshot_count: r.tuning.snapshot_count,
         auto_compaction_retention: r.tuning.auto_compaction_retention.clone(),
-        // The snapshot verified before the first write, never re-resolved.
-        restore: cluster.status.as_ref().and_then(|s| s.restore.clone()),
+        // The snapshot verified before the first write, never re-resolved;
+        // while a recovery from a backup is under way, that backup's.
+        restore: cluster.status.as_ref().and_then(|s| {
+            let recovering = (s.last_recovery.as_ref()).filter(|r| r.in_progress());
+            match recovering.and_then(|r| r.backup.as_ref()) {
+                Some(b) => Some(b.snapshot.clone()),
+                None => s.restore.clone(),
+            }
+        }),
         // Read from the StatefulSet when one is rewritten (`act`).
         initial_cluster_token: None,
         ca_roll_stamp: etcdfleet_api::ca_rotation::roll_stamp(rotation),

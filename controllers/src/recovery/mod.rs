@@ -5,6 +5,7 @@
 //! (`etcdcluster::plan::recovery`); the policy and the record are
 //! `etcdfleet_api::recovery`'s.
 
+pub mod backup;
 pub mod force;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Volume, VolumeMount};

@@ -74,31 +74,56 @@ pub async fn gate(
         return Ok(None);
     };
     let ns = cluster.namespace().unwrap_or_default();
-    let resolved = match resolve(management, &ns, source).await? {
+    let verdict = verify(
+        management,
+        &ns,
+        source,
+        requested_version,
+        default_seeder_image,
+    )
+    .await?;
+    if let Ok(record) = &verdict {
+        info!(cluster = %cluster.name_any(), object = %record.object_key, "restore snapshot verified");
+    }
+    Ok(Some(verdict.map_err(|(r, version)| {
+        if version {
+            version_refused(r)
+        } else {
+            refused(r)
+        }
+    })))
+}
+
+/// Resolves `source` (in namespace `ns`) and reads its object back: the
+/// record a seeder is rendered from, or the refusal (`true`: the snapshot
+/// is whole but `requested_version` may not run it). A failure to reach
+/// the management API is an error.
+pub async fn verify(
+    management: &kube::Client,
+    ns: &str,
+    source: &RestoreSource,
+    requested_version: &str,
+    default_seeder_image: &str,
+) -> Result<Result<RestoreRecord, (api::Refusal, bool)>, kube::Error> {
+    let resolved = match resolve(management, ns, source).await? {
         Ok(r) => r,
-        Err(refusal) => return Ok(Some(Err(refused(refusal)))),
+        Err(refusal) => return Ok(Err((refusal, false))),
     };
     let mut scanner = SnapshotScanner::default();
-    let check = match read_object(management, &ns, &resolved, &mut scanner).await {
+    let check = match read_object(management, ns, &resolved, &mut scanner).await {
         Ok((size, sha256)) => ObjectCheck::Read { size, sha256 },
         Err(StoreError::NotFound(_)) => ObjectCheck::NotFound,
         Err(StoreError::Api(e)) => return Err(e),
         Err(e) => ObjectCheck::Unreadable(e.to_string()),
     };
     if let Err(refusal) = api::judge_object(&resolved, &check) {
-        return Ok(Some(Err(refused(refusal))));
+        return Ok(Err((refusal, false)));
     }
     let written_by = scanner.finish();
     if let Err(refusal) = api::judge_version(&resolved, &written_by, requested_version) {
-        return Ok(Some(Err(version_refused(refusal))));
+        return Ok(Err((refusal, true)));
     }
-    info!(cluster = %cluster.name_any(), object = %resolved.object_key, ?written_by, "restore snapshot verified");
-    Ok(Some(Ok(record(
-        source,
-        resolved,
-        &check,
-        default_seeder_image,
-    ))))
+    Ok(Ok(record(source, resolved, &check, default_seeder_image)))
 }
 
 /// The restore source resolved against its `EtcdBackup`, if it names one.

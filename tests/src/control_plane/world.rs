@@ -347,6 +347,11 @@ impl KubeWorld {
         {
             settings.member_failure_grace = REAL_NODE_FAILURE_GRACE;
         }
+        self.controller_with(settings).await
+    }
+
+    /// [`Self::controller`] with other settings.
+    pub async fn controller_with(&self, settings: ReconcilerSettings) -> Result<TestController> {
         Ok(TestController::new(
             self.controller_client().await?,
             Arc::new(KubeconfigClientFactory::default()),

@@ -77,11 +77,13 @@ pub async fn finalize(
     if let Some(location) = KubeconfigLocation::of(cluster) {
         ctx.connector.forget(&location);
     }
-    ctx.metrics.forget_cluster(&format!(
+    let key = format!(
         "{}/{}",
         cluster.namespace().unwrap_or_default(),
         cluster.name_any()
-    ));
+    );
+    ctx.metrics.forget_cluster(&key);
+    ctx.recovery.forget(&key);
     let released = object
         .merge(serde_json::json!({ "metadata": { "finalizers": finalizers } }))
         .await;

@@ -78,6 +78,33 @@ where
     delete_exact_with_grace(api, obj, None).await
 }
 
+/// Deletes the object observed, by its UID alone: a pod or a claim whose
+/// status moved on since it was read is still the one meant (a
+/// resourceVersion precondition would fail on every status update of a
+/// crash-looping pod); an object already gone is fine.
+pub async fn delete_same<K>(
+    api: &Api<K>,
+    obj: &K,
+    grace_period_seconds: Option<u32>,
+) -> kube::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        grace_period_seconds,
+        preconditions: Some(Preconditions {
+            uid: obj.meta().uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&obj.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// [`delete_exact`] with a grace period (`Some(0)`: at once, without
 /// waiting for a kubelet to confirm the end of a pod's containers).
 pub async fn delete_exact_with_grace<K>(

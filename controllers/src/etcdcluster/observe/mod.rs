@@ -171,7 +171,8 @@ pub async fn observe(
     };
     let policy = resolved.resolution.spec.recovery;
     // Boxed: the survivors' answers would grow every reconcile's future.
-    let read = recovery::read(&key, policy, &status, members_reached, workload, ctx);
+    let who = (cluster, key.as_str(), inputs.version.as_str());
+    let read = recovery::read(who, policy, &status, members_reached, workload, ctx);
     let recovery = Box::pin(read).await;
 
     let readings = Readings {

@@ -5,12 +5,15 @@
 //! workload cluster's Nodes — read only when a recovery could start (the
 //! policy allows one, none is under way, and fewer than a quorum of the
 //! voters are healthy), so a healthy cluster's poll costs no read here.
+//! Under `FromBackup`, when no member answers at all, the voters the status
+//! lists and the newest backup that verifies (`crate::recovery::backup`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use etcdfleet_api::EtcdClusterStatus;
+use etcdfleet_api::conditions::AVAILABLE;
 use etcdfleet_api::recovery::{QuorumLossPolicy, ResolvedRecovery};
+use etcdfleet_api::{EtcdCluster, EtcdClusterStatus};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
@@ -20,6 +23,7 @@ use super::super::plan::observation::RecoveryObservation;
 use super::history::down_since;
 use crate::connector::WorkloadCluster;
 use crate::etcd::{ClusterHealth, EtcdConfig, MemberClient, MemberObservation};
+use crate::recovery::backup;
 
 /// Where the members are reached, and how.
 pub struct Members<'a> {
@@ -31,7 +35,7 @@ pub struct Members<'a> {
 
 /// The recovery's observation of one cluster (`key`: `namespace/name`).
 pub async fn read(
-    key: &str,
+    (cluster, key, version): (&EtcdCluster, &str, &str),
     policy: ResolvedRecovery,
     status: &EtcdClusterStatus,
     members: Members<'_>,
@@ -51,18 +55,86 @@ pub async fn read(
         ),
         false => (None, None),
     };
-    let down = health
-        .or(local_view.as_ref().and_then(|v| v.as_ref().ok()))
-        .map(|h| down_since(status, h, policy.lost_after, now))
-        .unwrap_or_default();
+    let view = health.or(local_view.as_ref().and_then(|v| v.as_ref().ok()));
+    let none_answers = could_start && view.is_none();
+    let backup = match none_answers && policy.quorum_loss == QuorumLossPolicy::FromBackup {
+        true => Some(read_backup(cluster, key, version, ctx).await),
+        false => None,
+    };
     RecoveryObservation {
         policy,
         record,
-        down_since: down,
+        down_since: match view {
+            Some(h) => down_since(status, h, policy.lost_after, now),
+            None => recorded_down_since(status, policy.lost_after, now),
+        },
         nodes,
         last_seen_revision: remember_revision(ctx, key, health),
         local_view,
+        recorded_voters: match none_answers {
+            true => recorded_voters(status),
+            false => Vec::new(),
+        },
+        backup,
     }
+}
+
+/// The voters the status lists (name, id): when no member answers, the
+/// membership as last seen.
+pub fn recorded_voters(status: &EtcdClusterStatus) -> Vec<(String, u64)> {
+    (status.members.iter())
+        .filter(|m| !m.learner)
+        .filter_map(|m| {
+            let id = u64::from_str_radix(m.id.as_deref()?, 16).ok()?;
+            Some((m.name.clone(), id))
+        })
+        .collect()
+}
+
+/// With no member answering, the recorded voters down for `lost_after`:
+/// since their stored `unhealthySince`, or since the cluster has been
+/// unavailable (`Available` `False`; `Unknown`, the controller cut off
+/// from Ready pods, never counts), whichever is older.
+pub fn recorded_down_since(
+    status: &EtcdClusterStatus,
+    lost_after: Duration,
+    now: Timestamp,
+) -> BTreeMap<u64, Timestamp> {
+    let unavailable = etcdfleet_api::conditions::find(&status.conditions, AVAILABLE)
+        .filter(|c| c.status == "False")
+        .map(|c| c.last_transition_time.0);
+    (status.members.iter())
+        .filter(|m| !m.learner)
+        .filter_map(|m| {
+            let id = u64::from_str_radix(m.id.as_deref()?, 16).ok()?;
+            let unhealthy = m.unhealthy_since.as_ref().map(|t| t.0);
+            let since = unhealthy.into_iter().chain(unavailable).min()?;
+            let down = now.duration_since(since).as_secs_f64();
+            (down >= lost_after.as_secs_f64()).then_some((id, since))
+        })
+        .collect()
+}
+
+/// The newest backup that verifies, its verdict remembered per backup (a
+/// management API that fails is said as the reason: the recovery waits).
+async fn read_backup(
+    cluster: &EtcdCluster,
+    key: &str,
+    version: &str,
+    ctx: &Context,
+) -> Result<etcdfleet_api::recovery::RecoveryBackup, String> {
+    let mut verdicts = (ctx.recovery.backup_verdicts.lock().expect("verdict memory"))
+        .get(key)
+        .cloned()
+        .unwrap_or_default();
+    let image = ctx.settings.seeder_image.as_str();
+    let found = backup::newest_verified(&ctx.management, cluster, (version, image), &mut verdicts)
+        .await
+        .map_err(|e| format!("the backups could not be read: {e}"))
+        .and_then(|v| v);
+    (ctx.recovery.backup_verdicts.lock().expect("verdict memory"))
+        .insert(key.to_string(), verdicts);
+    found
 }
 
 /// How long a member's last answer stands in for it while it does not
@@ -89,7 +161,7 @@ async fn local_view(
     }))
     .await;
     let now = Instant::now();
-    let mut remembered = ctx.member_answers.lock().expect("answer memory");
+    let mut remembered = ctx.recovery.member_answers.lock().expect("answer memory");
     let kept = remembered.entry(key.to_string()).or_default();
     let mut errors = Vec::new();
     for (url, answer) in endpoints.iter().zip(asked) {
@@ -154,7 +226,7 @@ fn node_ready(node: &Node) -> bool {
 /// Keeps the highest revision a member reported while the cluster had its
 /// quorum, and answers it.
 fn remember_revision(ctx: &Context, key: &str, health: Option<&ClusterHealth>) -> Option<i64> {
-    let mut seen = ctx.last_revisions.lock().expect("revision memory");
+    let mut seen = ctx.recovery.last_revisions.lock().expect("revision memory");
     if let Some(h) = health.filter(|h| h.has_quorum()) {
         let highest = (h.members().iter())
             .filter_map(|m| m.status.as_ref().map(|s| s.revision))
@@ -169,4 +241,66 @@ fn remember_revision(ctx: &Context, key: &str, health: Option<&ClusterHealth>) -
         }
     }
     seen.get(key).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcdfleet_api::MemberStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::SignedDuration;
+
+    fn voter(name: &str, id: u64, since: Option<Timestamp>) -> MemberStatus {
+        MemberStatus {
+            name: name.into(),
+            id: Some(format!("{id:x}")),
+            unhealthy_since: since.map(Time),
+            ..Default::default()
+        }
+    }
+
+    fn available(status: &str, since: Timestamp) -> Condition {
+        Condition {
+            type_: AVAILABLE.into(),
+            status: status.into(),
+            reason: "QuorumLost".into(),
+            message: String::new(),
+            last_transition_time: Time(since),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn unanswered_voters_are_down_since_the_cluster_became_unavailable_never_while_unknown() {
+        let now = Timestamp::now();
+        let hour_ago = now - SignedDuration::from_mins(60);
+        let minute_ago = now - SignedDuration::from_mins(1);
+        let lost_after = Duration::from_secs(600);
+        let mut status = EtcdClusterStatus {
+            members: vec![
+                voter("c-etcd-0", 10, None),
+                voter("c-etcd-1", 11, Some(minute_ago)),
+                MemberStatus {
+                    learner: true,
+                    ..voter("c-etcd-2", 12, Some(hour_ago))
+                },
+            ],
+            conditions: vec![available("False", hour_ago)],
+            ..Default::default()
+        };
+        let down = recorded_down_since(&status, lost_after, now);
+        assert_eq!(down, BTreeMap::from([(10, hour_ago), (11, hour_ago)]));
+        assert_eq!(
+            recorded_voters(&status),
+            [("c-etcd-0".into(), 10), ("c-etcd-1".into(), 11)]
+        );
+        status.conditions = vec![available("Unknown", hour_ago)];
+        let down = recorded_down_since(&status, lost_after, now);
+        assert!(
+            down.is_empty(),
+            "cut off from the controller is not down: {down:?}"
+        );
+        status.conditions = vec![available("False", minute_ago)];
+        assert!(recorded_down_since(&status, lost_after, now).is_empty());
+    }
 }

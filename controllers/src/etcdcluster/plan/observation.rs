@@ -163,6 +163,12 @@ pub struct RecoveryObservation {
     /// store, each with its `Status` if it answered (lately). Read only
     /// when a recovery could start; `Err`: no member answers, and why.
     pub local_view: Option<Result<ClusterHealth, String>>,
+    /// Under `FromBackup`, when no member answers: the voters the status
+    /// lists (name, id), the membership as last seen.
+    pub recorded_voters: Vec<(String, u64)>,
+    /// Under `FromBackup`, when no member answers: the newest backup of the
+    /// cluster that verifies, or why none does.
+    pub backup: Option<Result<etcdfleet_api::recovery::RecoveryBackup, String>>,
 }
 
 /// What a rotation of the cluster's CA decides from.

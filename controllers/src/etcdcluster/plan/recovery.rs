@@ -1,7 +1,8 @@
 //! Recovery from a permanent loss of quorum (`spec.recovery.quorumLoss:
-//! FromSurvivors`): when a majority of the voters is lost for good, by
-//! evidence, the cluster is brought back from the surviving member with the
-//! most data. Lost, not unreachable: a voter counts as lost only when
+//! FromSurvivors | FromBackup`): when a majority of the voters is lost for
+//! good, by evidence, the cluster is brought back from the surviving member
+//! with the most data, or, under `FromBackup` when no member answers at
+//! all, from the newest backup that verifies ([`backup`]). Lost, not unreachable: a voter counts as lost only when
 //!
 //! - it does not answer the controller and its pod is gone or not Ready
 //!   (a voter whose pod is Ready is never lost: the controller may be cut
@@ -18,14 +19,14 @@
 
 use std::cmp::Reverse;
 
-use etcdfleet_api::recovery::{
-    LostMemberRecord, QuorumLossPolicy, RecoveryStatus, SurvivorRecord, phase,
-};
+use etcdfleet_api::recovery::{QuorumLossPolicy, RecoveryStatus, SurvivorRecord, phase};
 
 use super::observation::{EtcdObservation, Observation};
 use super::quorum::{QUORUM_LOSS_HELP, QuorumView, quorum_view};
 use super::step::{Plan, RecoveryPlan, RecoveryStep, Step};
 use crate::etcd::{ClusterHealth, MemberObservation};
+use lost::{NotYet, evidence};
+use regrow::regrowing;
 
 /// Rule: a recovery under way takes its next step; a lost quorum with
 /// `FromSurvivors` starts one once the evidence holds (`Manual` leaves the
@@ -51,19 +52,11 @@ pub(super) fn recovery(obs: &Observation) -> Option<Plan> {
         Ok(plan) => Plan::Act(Step::Recovery(RecoveryStep::Begin(Box::new(plan)))),
         Err(NotYet::Wait(why)) => Plan::Wait(format!("{lost}; {why}")),
         Err(NotYet::Hold(why)) => Plan::Hold(format!(
-            "{lost}; spec.recovery.quorumLoss is FromSurvivors but no recovery starts: {why}. \
-             {QUORUM_LOSS_HELP}"
+            "{lost}; spec.recovery.quorumLoss is {} but no recovery starts: {why}. \
+             {QUORUM_LOSS_HELP}",
+            obs.recovery.policy.quorum_loss
         )),
     })
-}
-
-/// Why a recovery does not start now.
-#[derive(Debug, PartialEq)]
-enum NotYet {
-    /// The evidence may hold soon (a member not yet down for `lostAfter`).
-    Wait(String),
-    /// The evidence does not hold, or there is nothing to recover from.
-    Hold(String),
 }
 
 /// The recovery the evidence supports, or why there is none.
@@ -78,6 +71,9 @@ fn judge(obs: &Observation) -> Result<RecoveryPlan, NotYet> {
                 Some(Err(e)) => e.as_str(),
                 _ => why.as_str(),
             };
+            if obs.recovery.policy.quorum_loss == QuorumLossPolicy::FromBackup {
+                return backup::judge(obs, why);
+            }
             return Err(NotYet::Hold(format!(
                 "no member answers the controller ({why}): none survives to recover from"
             )));
@@ -121,6 +117,7 @@ fn judge(obs: &Observation) -> Result<RecoveryPlan, NotYet> {
             })
             .collect(),
         lost,
+        backup: None,
     })
 }
 
@@ -141,109 +138,11 @@ fn ordinal_of(obs: &Observation, m: &MemberObservation) -> Option<u32> {
     obs.names.ordinal_of_peer_url(url)
 }
 
-/// The evidence that the voter at `ordinal` is lost for good (see the
-/// module doc), or why it is not.
-fn evidence(obs: &Observation, id: u64, ordinal: u32) -> Result<LostMemberRecord, NotYet> {
-    let name = obs.names.pod(ordinal);
-    let pod = obs.pods.get(&ordinal);
-    if pod.is_some_and(|p| p.ready && p.running && !p.deleting) {
-        return Err(NotYet::Hold(format!(
-            "{name} does not answer the controller but its pod is Ready: it is not lost (the \
-             controller may be cut off from it)"
-        )));
-    }
-    let Some(since) = obs.recovery.down_since.get(&id) else {
-        return Err(NotYet::Wait(format!(
-            "{name} is down; it counts as lost once it has been down for {}s \
-             (spec.recovery.lostAfterSeconds) with its data gone",
-            obs.recovery.policy.lost_after.as_secs()
-        )));
-    };
-    let mut facts = vec![
-        format!(
-            "does not answer; its pod {}",
-            match pod {
-                None => "is gone".to_string(),
-                Some(p) if p.deleting => "is being deleted".to_string(),
-                Some(p) if !p.running => "is not running".to_string(),
-                Some(p) => format!(
-                    "is not Ready{}",
-                    p.last_exit
-                        .as_ref()
-                        .map(|e| format!(" (etcd {e})"))
-                        .unwrap_or_default()
-                ),
-            }
-        ),
-        format!("down since {}", since.strftime("%Y-%m-%dT%H:%M:%SZ")),
-    ];
-    let node = pod
-        .and_then(|p| p.node.clone())
-        .or_else(|| obs.pvcs.get(&ordinal).and_then(|p| p.node.clone()));
-    let node_state = node.as_ref().map(|n| (n, node_state(obs, n)));
-    if let Some((n, NodeState::NotReady)) = &node_state {
-        facts.push(format!("its node {n} is NotReady"));
-    }
-    let pvc = obs.names.pvc(ordinal);
-    match obs.pvcs.get(&ordinal) {
-        None => facts.push(format!("its PVC {pvc} is gone")),
-        Some(p) if p.member_id.is_some_and(|m| m != id) => facts.push(format!(
-            "its PVC {pvc} holds another member's data, none of its own"
-        )),
-        // Every voter's volume is recorded when it joins (before its
-        // promotion): an unrecorded claim at its ordinal was made after
-        // its volume was lost.
-        Some(p) if p.member_id.is_none() => facts.push(format!(
-            "its PVC {pvc} is a new claim that never held its data (its own was recorded \
-             when it joined)"
-        )),
-        Some(_) => match node_state {
-            Some((n, NodeState::Gone)) => facts.push(format!(
-                "its node {n} is gone from the workload cluster, with the volume {pvc} on it"
-            )),
-            other => {
-                return Err(NotYet::Hold(format!(
-                    "{name}'s volume {pvc} may still hold its data{}: it is not counted as lost \
-                     (if it is lost for good, delete the PVC)",
-                    match other {
-                        Some((n, NodeState::Unknown(why))) => {
-                            format!(" (its node {n} could not be read: {why})")
-                        }
-                        Some((n, _)) => format!(" and its node {n} is there"),
-                        None => String::new(),
-                    }
-                )));
-            }
-        },
-    }
-    Ok(LostMemberRecord {
-        name,
-        id: format!("{id:x}"),
-        evidence: facts,
-    })
-}
-
-enum NodeState {
-    Ready,
-    NotReady,
-    Gone,
-    Unknown(String),
-}
-
-fn node_state(obs: &Observation, node: &str) -> NodeState {
-    match &obs.recovery.nodes {
-        None => NodeState::Unknown("not read".into()),
-        Some(Err(why)) => NodeState::Unknown(why.clone()),
-        Some(Ok(nodes)) => match nodes.get(node) {
-            None => NodeState::Gone,
-            Some(true) => NodeState::Ready,
-            Some(false) => NodeState::NotReady,
-        },
-    }
-}
-
 /// The next step of a recovery under way.
 fn in_flight(obs: &Observation, record: &RecoveryStatus) -> Option<Plan> {
+    if record.backup.is_some() {
+        return backup::in_flight(obs, record);
+    }
     let Some(chosen) = obs.names.ordinal_of(&record.member) else {
         return Some(Plan::Hold(format!(
             "recovery {}: the member it recovers from, {}, is not one of this cluster's",
@@ -328,20 +227,8 @@ fn forcing(obs: &Observation, record: &RecoveryStatus, chosen: u32) -> Plan {
     }
 }
 
-/// Growing back is the membership rules' (scale up through learners);
-/// this rule takes the force out of the template and says when it is done.
-fn regrowing(obs: &Observation) -> Option<Plan> {
-    if obs.statefulset.as_ref()?.forcing.is_some() {
-        return Some(Plan::Act(Step::Recovery(RecoveryStep::EndForce)));
-    }
-    let EtcdObservation::Observed(health) = &obs.etcd else {
-        return None;
-    };
-    let whole = health.voter_count() as u32 >= obs.desired_replicas
-        && health.learners().next().is_none()
-        && health.voters().all(|v| v.healthy);
-    whole.then_some(Plan::Act(Step::Recovery(RecoveryStep::Complete)))
-}
-
+mod backup;
+mod lost;
+mod regrow;
 #[cfg(test)]
 mod tests;

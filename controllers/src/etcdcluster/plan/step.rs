@@ -241,7 +241,11 @@ impl Step {
                 | Step::DeletePvc { .. }
                 | Step::DeleteStaleStorage { .. }
                 | Step::RestartMember { .. }
-                | Step::Recovery(RecoveryStep::Fence { .. } | RecoveryStep::RestartChosen { .. })
+                | Step::Recovery(
+                    RecoveryStep::Fence { .. }
+                        | RecoveryStep::RestartChosen { .. }
+                        | RecoveryStep::ClearForRestore
+                )
         )
     }
 }
@@ -435,6 +439,9 @@ pub struct RecoveryPlan {
     pub last_seen_revision: Option<i64>,
     pub survivors: Vec<etcdfleet_api::recovery::SurvivorRecord>,
     pub lost: Vec<etcdfleet_api::recovery::LostMemberRecord>,
+    /// The backup restored when no member survived (`FromBackup`; then
+    /// there is no chosen member: ordinal 0 is seeded, `chosen_id` is 0).
+    pub backup: Option<Box<etcdfleet_api::recovery::RecoveryBackup>>,
 }
 
 /// The steps of a recovery from a lost quorum, in order.
@@ -458,6 +465,14 @@ pub enum RecoveryStep {
     /// The member forced and serves alone: the pod template without the
     /// init containers (`Regrowing`).
     EndForce,
+    /// From a backup: every lost member's objects go (the StatefulSet, the
+    /// pods, the PVCs, the members ConfigMap; the PKI, Services and the
+    /// cluster's name stay), so nothing of the old membership can start
+    /// again. Then `RestoringFromBackup`.
+    ClearForRestore,
+    /// From a backup: the StatefulSet is created again with one member,
+    /// seeded from the backup as a new cluster (`Regrowing`).
+    Reseed,
     /// Back at its size, every member healthy (status only): `Completed`.
     Complete,
 }
@@ -471,6 +486,8 @@ impl RecoveryStep {
             RecoveryStep::WriteForcingTemplate { .. } => "WriteForcingTemplate",
             RecoveryStep::RestartChosen { .. } => "RestartRecoveringMember",
             RecoveryStep::EndForce => "EndForceNewCluster",
+            RecoveryStep::ClearForRestore => "ClearForRestore",
+            RecoveryStep::Reseed => "ReseedFromBackup",
             RecoveryStep::Complete => "CompleteRecovery",
         }
     }
@@ -479,20 +496,29 @@ impl RecoveryStep {
 impl fmt::Display for RecoveryStep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RecoveryStep::Begin(p) => write!(
-                f,
-                "recovery {}: record the evidence that {} lost, and recover from member {:x} \
-                 (revision {}, the most data of the survivors)",
-                p.id,
-                p.lost
+            RecoveryStep::Begin(p) => {
+                let lost = p
+                    .lost
                     .iter()
                     .map(|l| l.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
-                    + if p.lost.len() == 1 { " is" } else { " are" },
-                p.chosen_id,
-                p.kept_revision
-            ),
+                    + if p.lost.len() == 1 { " is" } else { " are" };
+                match &p.backup {
+                    Some(b) => write!(
+                        f,
+                        "recovery {}: record the evidence that {lost} lost, and restore the \
+                         newest backup that verifies, {} (revision {})",
+                        p.id, b.name, p.kept_revision
+                    ),
+                    None => write!(
+                        f,
+                        "recovery {}: record the evidence that {lost} lost, and recover from \
+                         member {:x} (revision {}, the most data of the survivors)",
+                        p.id, p.chosen_id, p.kept_revision
+                    ),
+                }
+            }
             RecoveryStep::Fence { chosen, lost } => write!(
                 f,
                 "recovery: fence the lost members (ordinals {:?}): delete their pods and the \
@@ -512,6 +538,15 @@ impl fmt::Display for RecoveryStep {
                 f,
                 "recovery: the member serves alone; take the force-new-cluster init container \
                  out of the pod template"
+            ),
+            RecoveryStep::ClearForRestore => write!(
+                f,
+                "recovery: delete the lost members' StatefulSet, pods, volumes and members \
+                 ConfigMap (the PKI, Services and name stay)"
+            ),
+            RecoveryStep::Reseed => write!(
+                f,
+                "recovery: create the StatefulSet with one member, seeded from the backup"
             ),
             RecoveryStep::Complete => write!(f, "recovery complete: every member is back"),
         }

@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use etcdfleet_api::recovery::{QuorumLossPolicy, ResolvedRecovery};
+use etcdfleet_api::recovery::{LostMemberRecord, QuorumLossPolicy, ResolvedRecovery};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::super::observation::{PvcObservation, StatefulSetObservation};
