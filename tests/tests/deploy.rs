@@ -213,10 +213,11 @@ fn assert_controller_grants(role: &Value) {
 }
 
 /// The optional workload RBAC for recovery's node evidence
-/// (`config/workload-rbac-nodes`) grants reading Nodes and nothing else, to
-/// the same subjects as the namespaced bundle.
+/// (`config/workload-rbac-nodes`) grants reading Nodes and getting
+/// PersistentVolumes and nothing else, to the same subjects as the
+/// namespaced bundle.
 #[test]
-fn workload_node_rbac_reads_nodes_only() {
+fn workload_node_rbac_reads_nodes_and_persistent_volumes_only() {
     let docs: Vec<Value> = documents()
         .into_iter()
         .filter(|(path, _)| {
@@ -232,7 +233,10 @@ fn workload_node_rbac_reads_nodes_only() {
         .expect("a ClusterRole");
     assert_eq!(
         role["rules"],
-        serde_json::json!([{ "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"] }])
+        serde_json::json!([
+            { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"] },
+            { "apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"] }
+        ])
     );
     let binding = docs
         .iter()

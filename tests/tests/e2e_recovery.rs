@@ -9,7 +9,9 @@
 //!   step, forcing the new cluster exactly once, and grows back;
 //! - `Manual` takes no step;
 //! - members the controller cannot reach while their pods are Ready are
-//!   never lost, whatever the policy.
+//!   never lost, whatever the policy;
+//! - a kept claim counts as lost with its data only when its volume is
+//!   local to a node that is gone.
 
 use std::time::{Duration, Instant};
 
@@ -417,4 +419,115 @@ async fn quorum_loss_a_lost_member_back_on_its_old_data_never_rejoins_and_no_two
     let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
     assert_eq!(status.members.iter().filter(|m| !m.learner).count(), 3);
     Ok(())
+}
+
+/// Makes `name` (in workload `a`) a Ready Node.
+async fn node_ready(fleet: &Fleet, name: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+    }))?;
+    Api::<Node>::all(fleet.workload_client("a"))
+        .create(&Default::default(), &node)
+        .await?;
+    Ok(())
+}
+
+/// Makes the volume member `ordinal`'s claim is bound to a local volume of
+/// node `node` (a PersistentVolume whose required affinity names it).
+async fn local_volume(fleet: &Fleet, ordinal: u32, node: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    let client = fleet.workload_client("a");
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), WORKLOAD_NS)
+        .get(&format!("data-etcd-a-etcd-{ordinal}"))
+        .await?;
+    let volume = (claim.spec.as_ref())
+        .and_then(|s| s.volume_name.clone())
+        .context("the claim is not bound")?;
+    let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": volume},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "local": {"path": format!("/mnt/disks/{volume}")},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+            ]}]}}
+        }
+    }))?;
+    Api::<PersistentVolume>::all(client)
+        .create(&Default::default(), &pv)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quorum_loss_counts_kept_volumes_lost_only_with_the_node_they_are_local_to() -> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let (fleet, mut ctl) = Box::pin(running(
+        &["a"],
+        &[recovering(QuorumLossPolicy::FromSurvivors)],
+    ))
+    .await?;
+    lead_from_member_0(&fleet).await?;
+    // Member 0's volume is local to node-0, which stays; members 1 and 2's
+    // to node-1 and node-2.
+    node_ready(&fleet, "node-0").await?;
+    for (o, node) in [(0, "node-0"), (1, "node-1"), (2, "node-2")] {
+        local_volume(&fleet, o, node).await?;
+    }
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ctl.reconcile(NS, "etcd-a").await?;
+    // Nodes 1 and 2 never registered: gone, with the data on them. Their
+    // claims stay, recorded for their members; the pods made again start
+    // on volumes with nothing of it.
+    let runtime = fleet.runtime("a");
+    let pods: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    for o in [1, 2] {
+        runtime
+            .wipe_pvc(WORKLOAD_NS, &format!("data-etcd-a-etcd-{o}"))
+            .await?;
+        pods.delete(
+            &format!("etcd-a-etcd-{o}"),
+            &DeleteParams::default().grace_period(0),
+        )
+        .await?;
+    }
+    let report = writer.stop().await?;
+    ensure!(!report.acknowledged.is_empty(), "no write acknowledged");
+
+    let log = Box::pin(converge(
+        &mut ctl,
+        &[(NS, "etcd-a")],
+        Duration::from_secs(180),
+        || fleet.sync_all(),
+        etcdfleet_tests::driver::no_hook,
+    ))
+    .await
+    .with_context(|| fleet.runtime("a").all_pod_logs(30))?;
+    let fenced = log
+        .steps
+        .iter()
+        .any(|(_, s)| matches!(s, Step::Recovery(r) if r.kind() == "FenceLostMembers"));
+    assert!(fenced, "{:?}", log.steps);
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    let record = status.last_recovery.context("no lastRecovery")?;
+    for lost in &record.lost {
+        let evidence = lost.evidence.join("; ");
+        let node = format!("node-{}", &lost.name[lost.name.len() - 1..]);
+        assert!(
+            evidence.contains(&format!("is local to node {node}, which is gone")),
+            "{evidence}"
+        );
+    }
+    assert_eq!(record.lost.len(), 2);
+    let checked = verify_acknowledged(&report, &endpoints, &config, "acked").await?;
+    assert_eq!(checked, report.acknowledged.len());
+    put(&fleet, "a", "etcd-a", 3, "after-the-recovery").await?;
+    read_everywhere(&fleet, "a", "etcd-a", 3, "after-the-recovery").await
 }

@@ -306,6 +306,9 @@ fn offline_recovery(
         )),
         last_seen_revision: None,
         local_view: None,
+        pinned: Some(Err(
+            "etcdfleet plan does not read the workload cluster's PersistentVolumes".into(),
+        )),
         recorded_voters: match none_answers {
             true => recovery::recorded_voters(status),
             false => Vec::new(),
@@ -515,7 +518,6 @@ fn pods_and_volumes_from_status(
                     owner_recorded: true,
                     etcd_version: ordinals.get(o).and_then(|m| m.version.clone()),
                     deleting: false,
-                    node: None,
                 },
             )
         })

@@ -123,6 +123,8 @@ pub fn builtins() -> Vec<Kind> {
         )
         .with_status(),
         Kind::builtin("", "v1", "events", "Event", true),
+        Kind::builtin("", "v1", "nodes", "Node", false).with_status(),
+        Kind::builtin("", "v1", "persistentvolumes", "PersistentVolume", false).with_status(),
         statefulsets,
         Kind::builtin(
             "policy",

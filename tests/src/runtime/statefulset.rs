@@ -133,7 +133,11 @@ impl Inner {
         if let Some(selector) = sts.spec.selector.match_labels.as_ref() {
             labels.extend(selector.clone());
         }
-        let spec = template.spec.clone().unwrap_or_default();
+        let mut spec = template.spec.clone().unwrap_or_default();
+        // Bound at once, as a provisioner binds it: to a volume of its own
+        // (no PersistentVolume object stands behind it unless a test makes
+        // one).
+        spec.volume_name = Some(format!("pv-{ns}-{claim}-{}", next_volume()));
         let pvc = json!({
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
@@ -329,4 +333,11 @@ async fn delete_tolerant(api: &Api<Pod>, name: &str) -> Result<()> {
         Err(e) if !is_status_code(&e, 404) => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+/// A number no volume of this process had: a claim made again gets a new
+/// volume, as from a provisioner.
+fn next_volume() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

@@ -168,6 +168,7 @@ pub async fn observe(
         health: etcd.health.as_ref(),
         endpoints: &etcd.endpoints,
         config: &etcd.config,
+        pvcs: &members.pvcs,
     };
     let policy = resolved.resolution.spec.recovery;
     // Boxed: the survivors' answers would grow every reconcile's future.

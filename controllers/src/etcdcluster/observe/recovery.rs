@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use etcdfleet_api::conditions::AVAILABLE;
 use etcdfleet_api::recovery::{QuorumLossPolicy, ResolvedRecovery};
 use etcdfleet_api::{EtcdCluster, EtcdClusterStatus};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 
@@ -31,6 +31,8 @@ pub struct Members<'a> {
     /// Client URLs of the member pods.
     pub endpoints: &'a [String],
     pub config: &'a EtcdConfig,
+    /// The member PVCs, by ordinal.
+    pub pvcs: &'a BTreeMap<u32, PersistentVolumeClaim>,
 }
 
 /// The recovery's observation of one cluster (`key`: `namespace/name`).
@@ -48,12 +50,13 @@ pub async fn read(
     let could_start = policy.quorum_loss != QuorumLossPolicy::Manual
         && !record.as_ref().is_some_and(|r| r.in_progress())
         && health.is_none_or(|h| !h.has_quorum());
-    let (nodes, local_view) = match could_start {
+    let (nodes, local_view, pinned) = match could_start {
         true => (
             Some(read_nodes(workload).await),
             Some(local_view(key, members.endpoints, members.config, ctx).await),
+            Some(read_pinned(workload, members.pvcs).await),
         ),
-        false => (None, None),
+        false => (None, None, None),
     };
     let view = health.or(local_view.as_ref().and_then(|v| v.as_ref().ok()));
     let none_answers = could_start && view.is_none();
@@ -71,6 +74,7 @@ pub async fn read(
         nodes,
         last_seen_revision: remember_revision(ctx, key, health),
         local_view,
+        pinned,
         recorded_voters: match none_answers {
             true => recorded_voters(status),
             false => Vec::new(),
@@ -217,6 +221,53 @@ async fn read_nodes(workload: &WorkloadCluster) -> Result<BTreeMap<String, bool>
         .collect())
 }
 
+/// The node each member PVC's volume is local to: its bound
+/// PersistentVolume's required node affinity naming one node by
+/// `kubernetes.io/hostname` (local PVs, host-path and local CSI drivers set
+/// it; network volumes do not). An unbound claim has no entry.
+async fn read_pinned(
+    workload: &WorkloadCluster,
+    pvcs: &BTreeMap<u32, PersistentVolumeClaim>,
+) -> Result<BTreeMap<u32, Option<String>>, String> {
+    let volumes: Api<PersistentVolume> = Api::all(workload.client.clone());
+    let mut pinned = BTreeMap::new();
+    for (ordinal, pvc) in pvcs {
+        let Some(name) = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()) else {
+            continue;
+        };
+        let pv = (volumes.get_opt(name).await)
+            .map_err(|e| format!("reading PersistentVolume {name}: {e}"))?;
+        pinned.insert(*ordinal, pv.as_ref().and_then(local_node));
+    }
+    Ok(pinned)
+}
+
+/// The one node a PersistentVolume is local to, if it is.
+fn local_node(pv: &PersistentVolume) -> Option<String> {
+    let terms = &pv
+        .spec
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required
+        .as_ref()?
+        .node_selector_terms;
+    let mut nodes = terms.iter().map(|t| {
+        let expressions = t.match_expressions.as_deref().unwrap_or_default();
+        let hostname = expressions
+            .iter()
+            .find(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")?;
+        match hostname.values.as_deref() {
+            Some([one]) => Some(one.clone()),
+            _ => None,
+        }
+    });
+    let first = nodes.next()??;
+    nodes
+        .all(|n| n.as_deref() == Some(first.as_str()))
+        .then_some(first)
+}
+
 fn node_ready(node: &Node) -> bool {
     (node.status.as_ref())
         .and_then(|s| s.conditions.as_ref())
@@ -268,6 +319,45 @@ mod tests {
             last_transition_time: Time(since),
             observed_generation: None,
         }
+    }
+
+    fn pv(terms: serde_json::Value) -> PersistentVolume {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pv"},
+            "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": terms}}}
+        }))
+        .unwrap()
+    }
+
+    fn hostname_in(values: &[&str]) -> serde_json::Value {
+        serde_json::json!({"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": values}
+        ]})
+    }
+
+    #[test]
+    fn a_volume_is_local_to_a_node_only_when_its_affinity_names_that_one_node() {
+        assert_eq!(
+            local_node(&pv(serde_json::json!([hostname_in(&["n1"])]))),
+            Some("n1".into())
+        );
+        assert_eq!(
+            local_node(&pv(serde_json::json!([
+                hostname_in(&["n1"]),
+                hostname_in(&["n1"])
+            ]))),
+            Some("n1".into())
+        );
+        for not_local in [
+            serde_json::json!([hostname_in(&["n1", "n2"])]),
+            serde_json::json!([hostname_in(&["n1"]), hostname_in(&["n2"])]),
+            serde_json::json!([{"matchExpressions": [
+                {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z1"]}
+            ]}]),
+        ] {
+            assert_eq!(local_node(&pv(not_local.clone())), None, "{not_local}");
+        }
+        assert_eq!(local_node(&PersistentVolume::default()), None);
     }
 
     #[test]

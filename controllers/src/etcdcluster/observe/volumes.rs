@@ -191,13 +191,8 @@ pub fn pvc_observation(pvc: &PersistentVolumeClaim, owner: &String) -> PvcObserv
         owner_recorded: pvc.annotations().get(PVC_OWNER_ANNOTATION) == Some(owner),
         etcd_version: pvc.annotations().get(PVC_VERSION_ANNOTATION).cloned(),
         deleting: pvc.metadata.deletion_timestamp.is_some(),
-        node: pvc.annotations().get(SELECTED_NODE_ANNOTATION).cloned(),
     }
 }
-
-/// Where the scheduler records the node a claim's volume is provisioned
-/// for (`WaitForFirstConsumer` classes, and local volumes).
-pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
 
 #[cfg(test)]
 mod tests {

@@ -73,9 +73,6 @@ pub struct PvcObservation {
     pub etcd_version: Option<String>,
     /// A delete is in progress (PVC protection holds it while a pod uses it).
     pub deleting: bool,
-    /// The node its volume was provisioned for (the scheduler's
-    /// `volume.kubernetes.io/selected-node`), when known.
-    pub node: Option<String>,
 }
 
 /// What etcd itself said.
@@ -163,6 +160,11 @@ pub struct RecoveryObservation {
     /// store, each with its `Status` if it answered (lately). Read only
     /// when a recovery could start; `Err`: no member answers, and why.
     pub local_view: Option<Result<ClusterHealth, String>>,
+    /// The node each member's volume is local to (ordinal → its bound
+    /// PersistentVolume's required `kubernetes.io/hostname` affinity;
+    /// `None`: not local to a node), read only when a recovery could
+    /// start; `Err`: the PersistentVolumes could not be read, and why.
+    pub pinned: Option<Result<BTreeMap<u32, Option<String>>, String>>,
     /// Under `FromBackup`, when no member answers: the voters the status
     /// lists (name, id), the membership as last seen.
     pub recorded_voters: Vec<(String, u64)>,

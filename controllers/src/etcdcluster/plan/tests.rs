@@ -91,7 +91,6 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
                         owner_recorded: true,
                         etcd_version: Some("3.5.1".into()),
                         deleting: false,
-                        node: None,
                     },
                 )
             })
@@ -243,7 +242,6 @@ fn scale_up_adds_one_learner_then_starts_then_promotes() {
             owner_recorded: true,
             etcd_version: Some("3.5.1".into()),
             deleting: false,
-            node: None,
         },
     );
     assert_eq!(

@@ -381,7 +381,6 @@ mod fixtures {
             owner_recorded: true,
             etcd_version: Some(version.into()),
             deleting: false,
-            node: None,
         };
         Observation {
             tls: true,

@@ -54,12 +54,10 @@ pub(super) fn evidence(
         ),
         format!("down since {}", since.strftime("%Y-%m-%dT%H:%M:%SZ")),
     ];
-    let node = pod
-        .and_then(|p| p.node.clone())
-        .or_else(|| obs.pvcs.get(&ordinal).and_then(|p| p.node.clone()));
-    let node_state = node.as_ref().map(|n| (n, node_state(obs, n)));
-    if let Some((n, NodeState::NotReady)) = &node_state {
-        facts.push(format!("its node {n} is NotReady"));
+    if let Some(n) = pod.and_then(|p| p.node.as_ref())
+        && let NodeState::NotReady = node_state(obs, n)
+    {
+        facts.push(format!("its pod's node {n} is NotReady"));
     }
     let pvc = obs.names.pvc(ordinal);
     match obs.pvcs.get(&ordinal) {
@@ -74,30 +72,48 @@ pub(super) fn evidence(
             "its PVC {pvc} is a new claim that never held its data (its own was recorded \
              when it joined)"
         )),
-        Some(_) => match node_state {
-            Some((n, NodeState::Gone)) => facts.push(format!(
-                "its node {n} is gone from the workload cluster, with the volume {pvc} on it"
-            )),
-            other => {
-                return Err(NotYet::Hold(format!(
-                    "{name}'s volume {pvc} may still hold its data{}: it is not counted as lost \
-                     (if it is lost for good, delete the PVC)",
-                    match other {
-                        Some((n, NodeState::Unknown(why))) => {
-                            format!(" (its node {n} could not be read: {why})")
-                        }
-                        Some((n, _)) => format!(" and its node {n} is there"),
-                        None => String::new(),
-                    }
-                )));
-            }
-        },
+        Some(_) => facts.push(local_volume_gone(obs, ordinal).map_err(|why| {
+            NotYet::Hold(format!(
+                "{name}'s volume {pvc} may still hold its data ({why}): it is not counted as \
+                 lost (if it is lost for good, delete the PVC)"
+            ))
+        })?),
     }
     Ok(LostMemberRecord {
         name,
         id: format!("{id:x}"),
         evidence: facts,
     })
+}
+
+/// A kept volume counts as gone only when it is local to a node (its
+/// PersistentVolume's required node affinity names one node by
+/// `kubernetes.io/hostname`) and that node is gone from the workload
+/// cluster: a network volume outlives any node. `Err`: why it may still
+/// hold the data.
+fn local_volume_gone(obs: &Observation, ordinal: u32) -> Result<String, String> {
+    let pvc = obs.names.pvc(ordinal);
+    let pinned = match &obs.recovery.pinned {
+        None => return Err("its PersistentVolume was not read".into()),
+        Some(Err(why)) => return Err(format!("its PersistentVolume could not be read: {why}")),
+        Some(Ok(pinned)) => pinned,
+    };
+    let Some(Some(node)) = pinned.get(&ordinal) else {
+        return Err(
+            "its PersistentVolume is not local to a node (network storage outlives a node)".into(),
+        );
+    };
+    match node_state(obs, node) {
+        NodeState::Gone => Ok(format!(
+            "its volume {pvc} is local to node {node}, which is gone from the workload cluster"
+        )),
+        NodeState::Unknown(why) => Err(format!(
+            "its volume is local to node {node}, which could not be read: {why}"
+        )),
+        NodeState::Ready | NodeState::NotReady => Err(format!(
+            "its volume is local to node {node}, which is still there"
+        )),
+    }
 }
 
 enum NodeState {

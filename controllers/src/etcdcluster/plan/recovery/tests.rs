@@ -114,27 +114,41 @@ fn a_member_down_for_less_than_lost_after_is_waited_for() {
 }
 
 #[test]
-fn a_volume_that_may_hold_the_data_keeps_the_member_unless_its_node_is_gone() {
+fn a_kept_volume_keeps_the_member_unless_it_is_local_to_a_node_that_is_gone() {
     let mut obs = two_of_three_lost();
     let pvc = PvcObservation {
         member_id: Some(102),
-        node: Some("n2".into()),
         ..Default::default()
     };
     obs.pvcs.insert(2, pvc.clone());
+    obs.recovery.pinned = Some(Ok(BTreeMap::from([(2, Some("n2".into()))])));
     obs.recovery.nodes = Some(Ok(BTreeMap::from([("n2".into(), false)])));
     let why = held(recovery(&obs));
     assert!(
-        why.contains("may still hold its data") && why.contains("n2"),
+        why.contains("may still hold its data")
+            && why.contains("local to node n2, which is still there"),
         "{why}"
     );
-    // Nodes that could not be read are no evidence either.
+    // Nodes or volumes that could not be read are no evidence either.
     obs.recovery.nodes = Some(Err("forbidden".into()));
     assert!(held(recovery(&obs)).contains("forbidden"));
-    // The node gone from the workload cluster is.
     obs.recovery.nodes = Some(Ok(BTreeMap::new()));
+    obs.recovery.pinned = Some(Err("reading PersistentVolume pv-2: forbidden".into()));
+    assert!(held(recovery(&obs)).contains("pv-2: forbidden"));
+    // A network volume outlives its node: a node gone is no evidence.
+    obs.recovery.pinned = Some(Ok(BTreeMap::from([(2, None)])));
+    assert!(held(recovery(&obs)).contains("network storage outlives a node"));
+    // A local volume's node gone from the workload cluster is.
+    obs.recovery.pinned = Some(Ok(BTreeMap::from([(2, Some("n2".into()))])));
     let plan = begun(recovery(&obs));
-    assert!(plan.lost[1].evidence.join("; ").contains("node n2 is gone"));
+    assert!(
+        plan.lost[1]
+            .evidence
+            .join("; ")
+            .contains("local to node n2, which is gone"),
+        "{:?}",
+        plan.lost[1]
+    );
     // A claim no member was recorded on holds none of its data.
     obs.pvcs.insert(2, PvcObservation::default());
     obs.recovery.nodes = Some(Ok(BTreeMap::from([("n2".into(), true)])));
