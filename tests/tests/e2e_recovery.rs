@@ -421,6 +421,17 @@ async fn quorum_loss_a_lost_member_back_on_its_old_data_never_rejoins_and_no_two
     Ok(())
 }
 
+/// Applies the shipped optional `config/workload-rbac-nodes` to workload
+/// `a`, as a cluster that recovers on node evidence is given it.
+fn grant_node_rbac(fleet: &Fleet) -> Result<()> {
+    let dir = etcdfleet_tests::apiserver::kinds::config_dir().join("workload-rbac-nodes");
+    for file in ["cluster_role.yaml", "cluster_role_binding.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file))?;
+        fleet.workload_api("a").add_rbac_yaml(&text)?;
+    }
+    Ok(())
+}
+
 /// Makes `name` (in workload `a`) a Ready Node.
 async fn node_ready(fleet: &Fleet, name: &str) -> Result<()> {
     use k8s_openapi::api::core::v1::Node;
@@ -473,6 +484,7 @@ async fn quorum_loss_counts_kept_volumes_lost_only_with_the_node_they_are_local_
     ))
     .await?;
     lead_from_member_0(&fleet).await?;
+    grant_node_rbac(&fleet)?;
     // Member 0's volume is local to node-0, which stays; members 1 and 2's
     // to node-1 and node-2.
     node_ready(&fleet, "node-0").await?;
