@@ -457,6 +457,13 @@ pub struct EtcdClusterStatus {
     /// and the loss window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_recovery: Option<crate::recovery::RecoveryStatus>,
+
+    /// Since when no member has answered the controller while their pods
+    /// did not pass etcd's health check either (cleared as soon as one
+    /// answers): how long every member has been down, for a recovery that
+    /// needs each lost for `lostAfterSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_member_answers_since: Option<Time>,
 }
 
 /// A fleet rollout that changed a cluster.

@@ -458,6 +458,7 @@ impl Builder {
                 return self.no_member_answers(planner, why);
             }
         };
+        self.new.no_member_answers_since = None;
         let members = self.member_statuses(health, names);
         self.new.replicas = health.voter_count() as i32;
         self.new.ready_members = health.healthy_voter_count() as i32;
@@ -481,6 +482,12 @@ impl Builder {
 
     fn no_member_answers(&mut self, planner: &Observation, why: &str) {
         self.new.ready_members = 0;
+        // Down, not cut off: the pods fail etcd's own health check too.
+        let down = matches!(quorum_view(planner), QuorumView::Lost { .. });
+        self.new.no_member_answers_since = match down {
+            true => (self.old.no_member_answers_since.clone()).or_else(|| Some(now())),
+            false => None,
+        };
         if self.bootstrapping() {
             // Nothing is down that ever ran: the first member is starting.
             self.set(
@@ -836,6 +843,38 @@ mod tests {
         let mut report = Builder::new(&cluster(restarted("c-etcd-0")));
         report.observed(&obs);
         assert_ne!(degraded(&report).1, "Bootstrapping");
+    }
+
+    #[test]
+    fn no_member_answers_since_is_kept_while_every_member_is_down_and_cleared_otherwise() {
+        let mut down = converged(3, 3);
+        down.etcd = EtcdObservation::Unreachable("connection refused".into());
+        for pod in down.pods.values_mut() {
+            pod.ready = false;
+        }
+        let mut report = Builder::new(&cluster(restarted("c-etcd-0")));
+        report.observed(&down);
+        let since = report.new.no_member_answers_since.clone();
+        assert!(since.is_some(), "every member down: the clock starts");
+        let mut again = Builder::new(&cluster(report.new.clone()));
+        again.observed(&down);
+        assert_eq!(
+            again.new.no_member_answers_since, since,
+            "kept, not restarted"
+        );
+        // Cut off from pods that pass etcd's health check: not down.
+        let mut cut_off = down.clone();
+        for pod in cut_off.pods.values_mut() {
+            pod.ready = true;
+            pod.ready_means_etcd_healthy = true;
+        }
+        let mut report = Builder::new(&cluster(again.new.clone()));
+        report.observed(&cut_off);
+        assert_eq!(report.new.no_member_answers_since, None);
+        // A member answers: cleared.
+        let mut report = Builder::new(&cluster(again.new.clone()));
+        report.observed(&converged(3, 3));
+        assert_eq!(report.new.no_member_answers_since, None);
     }
 
     #[test]

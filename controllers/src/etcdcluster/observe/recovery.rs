@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use etcdfleet_api::conditions::AVAILABLE;
 use etcdfleet_api::recovery::{QuorumLossPolicy, ResolvedRecovery};
 use etcdfleet_api::{EtcdCluster, EtcdClusterStatus};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
@@ -96,23 +95,24 @@ pub fn recorded_voters(status: &EtcdClusterStatus) -> Vec<(String, u64)> {
 }
 
 /// With no member answering, the recorded voters down for `lost_after`:
-/// since their stored `unhealthySince`, or since the cluster has been
-/// unavailable (`Available` `False`; `Unknown`, the controller cut off
-/// from Ready pods, never counts), whichever is older.
+/// since their stored `unhealthySince`, or since no member has answered
+/// while their pods failed etcd's health check too
+/// (`status.noMemberAnswersSince`; never while the controller is only cut
+/// off from Ready pods), whichever is older.
 pub fn recorded_down_since(
     status: &EtcdClusterStatus,
     lost_after: Duration,
     now: Timestamp,
 ) -> BTreeMap<u64, Timestamp> {
-    let unavailable = etcdfleet_api::conditions::find(&status.conditions, AVAILABLE)
-        .filter(|c| c.status == "False")
-        .map(|c| c.last_transition_time.0);
+    let Some(all_down) = status.no_member_answers_since.as_ref().map(|t| t.0) else {
+        return BTreeMap::new();
+    };
     (status.members.iter())
         .filter(|m| !m.learner)
         .filter_map(|m| {
             let id = u64::from_str_radix(m.id.as_deref()?, 16).ok()?;
             let unhealthy = m.unhealthy_since.as_ref().map(|t| t.0);
-            let since = unhealthy.into_iter().chain(unavailable).min()?;
+            let since = unhealthy.map_or(all_down, |u| u.min(all_down));
             let down = now.duration_since(since).as_secs_f64();
             (down >= lost_after.as_secs_f64()).then_some((id, since))
         })
@@ -298,7 +298,7 @@ fn remember_revision(ctx: &Context, key: &str, health: Option<&ClusterHealth>) -
 mod tests {
     use super::*;
     use etcdfleet_api::MemberStatus;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::SignedDuration;
 
     fn voter(name: &str, id: u64, since: Option<Timestamp>) -> MemberStatus {
@@ -307,17 +307,6 @@ mod tests {
             id: Some(format!("{id:x}")),
             unhealthy_since: since.map(Time),
             ..Default::default()
-        }
-    }
-
-    fn available(status: &str, since: Timestamp) -> Condition {
-        Condition {
-            type_: AVAILABLE.into(),
-            status: status.into(),
-            reason: "QuorumLost".into(),
-            message: String::new(),
-            last_transition_time: Time(since),
-            observed_generation: None,
         }
     }
 
@@ -361,36 +350,37 @@ mod tests {
     }
 
     #[test]
-    fn unanswered_voters_are_down_since_the_cluster_became_unavailable_never_while_unknown() {
+    fn unanswered_voters_are_down_since_no_member_answered_or_earlier_never_without_that() {
         let now = Timestamp::now();
         let hour_ago = now - SignedDuration::from_mins(60);
+        let two_hours_ago = now - SignedDuration::from_mins(120);
         let minute_ago = now - SignedDuration::from_mins(1);
         let lost_after = Duration::from_secs(600);
         let mut status = EtcdClusterStatus {
             members: vec![
                 voter("c-etcd-0", 10, None),
-                voter("c-etcd-1", 11, Some(minute_ago)),
+                voter("c-etcd-1", 11, Some(two_hours_ago)),
                 MemberStatus {
                     learner: true,
                     ..voter("c-etcd-2", 12, Some(hour_ago))
                 },
             ],
-            conditions: vec![available("False", hour_ago)],
+            no_member_answers_since: Some(Time(hour_ago)),
             ..Default::default()
         };
         let down = recorded_down_since(&status, lost_after, now);
-        assert_eq!(down, BTreeMap::from([(10, hour_ago), (11, hour_ago)]));
+        assert_eq!(down, BTreeMap::from([(10, hour_ago), (11, two_hours_ago)]));
         assert_eq!(
             recorded_voters(&status),
             [("c-etcd-0".into(), 10), ("c-etcd-1".into(), 11)]
         );
-        status.conditions = vec![available("Unknown", hour_ago)];
+        // Not yet down for lostAfter: only the member down for longer.
+        status.no_member_answers_since = Some(Time(minute_ago));
         let down = recorded_down_since(&status, lost_after, now);
-        assert!(
-            down.is_empty(),
-            "cut off from the controller is not down: {down:?}"
-        );
-        status.conditions = vec![available("False", minute_ago)];
+        assert_eq!(down, BTreeMap::from([(11, two_hours_ago)]));
+        // Never seen all down (cut off from Ready pods, or not since this
+        // release): no clock at all.
+        status.no_member_answers_since = None;
         assert!(recorded_down_since(&status, lost_after, now).is_empty());
     }
 }
