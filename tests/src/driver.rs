@@ -152,6 +152,16 @@ pub struct ConvergeLog {
 }
 
 impl ConvergeLog {
+    /// The kinds of the recovery steps taken, in order.
+    pub fn recovery_kinds(&self) -> Vec<&'static str> {
+        (self.steps.iter())
+            .filter_map(|(_, s)| match s {
+                Step::Recovery(r) => Some(r.kind()),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn steps_of(&self, cluster: &str) -> Vec<&Step> {
         self.steps
             .iter()

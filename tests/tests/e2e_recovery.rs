@@ -150,14 +150,7 @@ async fn quorum_loss_recovers_from_the_survivor_once_through_controller_restarts
     ))
     .await
     .with_context(|| fleet.runtime("a").all_pod_logs(30))?;
-    let recovery: Vec<&str> = log
-        .steps
-        .iter()
-        .filter_map(|(_, s)| match s {
-            Step::Recovery(r) => Some(r.kind()),
-            _ => None,
-        })
-        .collect();
+    let recovery = log.recovery_kinds();
     assert_eq!(
         recovery,
         [
@@ -522,10 +515,7 @@ async fn quorum_loss_counts_kept_volumes_lost_only_with_the_node_they_are_local_
     ))
     .await
     .with_context(|| fleet.runtime("a").all_pod_logs(30))?;
-    let fenced = log
-        .steps
-        .iter()
-        .any(|(_, s)| matches!(s, Step::Recovery(r) if r.kind() == "FenceLostMembers"));
+    let fenced = log.recovery_kinds().contains(&"FenceLostMembers");
     assert!(fenced, "{:?}", log.steps);
     let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
     let record = status.last_recovery.context("no lastRecovery")?;

@@ -132,12 +132,7 @@ async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_under_the_s
     ))
     .await
     .with_context(|| fleet.runtime("a").all_pod_logs(30))?;
-    let recovery: Vec<&str> = (log.steps.iter())
-        .filter_map(|(_, s)| match s {
-            Step::Recovery(r) => Some(r.kind()),
-            _ => None,
-        })
-        .collect();
+    let recovery = log.recovery_kinds();
     assert_eq!(
         recovery,
         [

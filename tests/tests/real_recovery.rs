@@ -13,7 +13,6 @@ use etcdfleet_api::conditions::{self, AVAILABLE};
 use etcdfleet_api::recovery::{RECOVERING, phase};
 use etcdfleet_controllers::etcd::ClusterClient;
 use etcdfleet_controllers::etcdcluster::ReconcilerSettings;
-use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_tests::control_plane::scenario::{
     NS, cluster_manifest, converge_real, etcd_of, get, installed_world, put, read_everywhere,
 };
@@ -94,14 +93,7 @@ async fn real_quorum_loss_recovers_from_the_survivor_with_every_write_it_acknowl
         no_hook,
     )
     .await?;
-    let recovery: Vec<&str> = log
-        .steps
-        .iter()
-        .filter_map(|(_, s)| match s {
-            Step::Recovery(r) => Some(r.kind()),
-            _ => None,
-        })
-        .collect();
+    let recovery = log.recovery_kinds();
     assert_eq!(recovery.first(), Some(&"BeginRecovery"), "{:?}", log.steps);
     assert_eq!(
         recovery.last(),
@@ -211,12 +203,7 @@ async fn real_quorum_loss_of_every_member_recovers_from_the_backup_with_the_same
         no_hook,
     )
     .await?;
-    let recovery: Vec<&str> = (log.steps.iter())
-        .filter_map(|(_, s)| match s {
-            Step::Recovery(r) => Some(r.kind()),
-            _ => None,
-        })
-        .collect();
+    let recovery = log.recovery_kinds();
     assert_eq!(
         recovery,
         [

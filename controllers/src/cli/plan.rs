@@ -373,6 +373,7 @@ pub fn status_readings(
             template_hash: None,
             template_seen: true,
             forcing: None,
+            deleting: false,
         }),
         pods,
         pvcs,

@@ -4,9 +4,12 @@
 //! (a backup of an earlier cluster of the same name is not its data), whose
 //! object verifies again now, as a restore's does (`crate::restore::verify`:
 //! size, SHA-256, and an etcd the cluster's version may run). A backup that
-//! does not verify is skipped for the next newest, and said why.
+//! does not verify is skipped for the next newest, and said why. A verdict
+//! stands for [`VERDICT_KEPT`]; the seeder checks size and SHA-256 once more
+//! as it restores.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use etcdfleet_api::backup::phase;
 use etcdfleet_api::recovery::RecoveryBackup;
@@ -18,9 +21,13 @@ use kube::api::{Api, ListParams};
 /// How many of the newest backups are tried before the recovery holds.
 pub const TRIED: usize = 3;
 
-/// Each backup's verdict, keyed by `name@sha256` (a backup whose object
-/// changed is judged again).
-pub type Verdicts = BTreeMap<String, Result<RecoveryBackup, String>>;
+/// Each backup's verdict and when it was reached, keyed by `name@sha256`
+/// (a backup whose record changed is judged again).
+pub type Verdicts = BTreeMap<String, (Result<RecoveryBackup, String>, Instant)>;
+
+/// How long a verdict stands: an object can change in the store after it
+/// was read, so it is read again at least this often while it matters.
+pub const VERDICT_KEPT: Duration = Duration::from_secs(600);
 
 /// The newest backup of `cluster` that verifies for `version`, or why none
 /// does. `verdicts` holds the verdicts already reached. A failure to reach
@@ -43,13 +50,14 @@ pub async fn newest_verified(
         )));
     }
     let mut refused = Vec::new();
+    verdicts.retain(|_, (_, at)| at.elapsed() < VERDICT_KEPT);
     for backup in candidates.iter().take(TRIED) {
         let key = verdict_key(backup);
         let verdict = match verdicts.get(&key) {
-            Some(v) => v.clone(),
+            Some((v, _)) => v.clone(),
             None => {
                 let v = verify(management, &ns, backup, (version, seeder_image)).await?;
-                verdicts.insert(key, v.clone());
+                verdicts.insert(key, (v.clone(), Instant::now()));
                 v
             }
         };

@@ -90,19 +90,13 @@ pub async fn delete_same<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let params = DeleteParams {
+    delete_if(
+        api,
+        obj,
+        (obj.meta().uid.clone(), None),
         grace_period_seconds,
-        preconditions: Some(Preconditions {
-            uid: obj.meta().uid.clone(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match api.delete(&obj.name_any(), &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    )
+    .await
 }
 
 /// [`delete_exact`] with a grace period (`Some(0)`: at once, without
@@ -115,11 +109,27 @@ pub async fn delete_exact_with_grace<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
+    let meta = obj.meta();
+    let preconditions = (meta.uid.clone(), meta.resource_version.clone());
+    delete_if(api, obj, preconditions, grace_period_seconds).await
+}
+
+/// Deletes `obj` under the (UID, resourceVersion) preconditions given; an
+/// object already gone is fine.
+async fn delete_if<K>(
+    api: &Api<K>,
+    obj: &K,
+    (uid, resource_version): (Option<String>, Option<String>),
+    grace_period_seconds: Option<u32>,
+) -> kube::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
     let params = DeleteParams {
         grace_period_seconds,
         preconditions: Some(Preconditions {
-            uid: obj.meta().uid.clone(),
-            resource_version: obj.meta().resource_version.clone(),
+            uid,
+            resource_version,
         }),
         ..Default::default()
     };

@@ -248,6 +248,7 @@ fn statefulset_observation(s: &StatefulSet) -> StatefulSetObservation {
             .and_then(crate::recovery::forced_by),
         template_seen: s.status.as_ref().and_then(|st| st.observed_generation)
             >= s.metadata.generation,
+        deleting: s.metadata.deletion_timestamp.is_some(),
     }
 }
 

@@ -25,6 +25,8 @@ pub struct StatefulSetObservation {
     /// (`status.observedGeneration` ≥ `metadata.generation`): a pod deleted
     /// now is recreated from this template, not an older one.
     pub template_seen: bool,
+    /// A delete is in progress (a finalizer holds it).
+    pub deleting: bool,
 }
 
 /// How long past its grace period a deleted pod may stay before it counts as

@@ -80,6 +80,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
             template_hash: None,
             template_seen: true,
             forcing: None,
+            deleting: false,
         }),
         pods: (0..n).map(|o| (o, pod(IMG))).collect(),
         pvcs: (0..n)

@@ -392,6 +392,7 @@ mod fixtures {
                 template_hash: None,
                 template_seen: true,
                 forcing: None,
+                deleting: false,
             }),
             pods: (0..n).map(|o| (o, pod.clone())).collect(),
             pvcs: (0..n).map(|o| (o, pvc(o))).collect(),

@@ -63,15 +63,24 @@ pub(super) fn in_flight(obs: &Observation, record: &RecoveryStatus) -> Option<Pl
         phase::FENCING => step(RecoveryStep::ClearForRestore),
         // Once cleared, a StatefulSet is the one the reseed wrote (its
         // record may not have been written): writing it again is harmless.
-        phase::RESTORING if obs.statefulset.is_some() => step(RecoveryStep::Reseed),
-        phase::RESTORING => match remaining(obs) {
-            Some(left) => Some(Plan::Wait(format!(
+        // One still being deleted is the old one: it goes first.
+        phase::RESTORING => match (&obs.statefulset, remaining(obs)) {
+            (Some(sts), _) if !sts.deleting => step(RecoveryStep::Reseed),
+            (Some(_), _) => Some(Plan::Wait(format!(
+                "recovery {}: the lost members' StatefulSet goes before member 0 is seeded",
+                record.id
+            ))),
+            (None, Some(left)) => Some(Plan::Wait(format!(
                 "recovery {}: the lost members' {left} go before member 0 is seeded",
                 record.id
             ))),
-            None => step(RecoveryStep::Reseed),
+            (None, None) => step(RecoveryStep::Reseed),
         },
-        phase::REGROWING if matches!(obs.etcd, EtcdObservation::Unreachable(_)) => {
+        // Without a StatefulSet (deleted by hand), the bootstrap rule makes
+        // it again over the volumes there are.
+        phase::REGROWING
+            if obs.statefulset.is_some() && matches!(obs.etcd, EtcdObservation::Unreachable(_)) =>
+        {
             Some(Plan::Wait(format!(
                 "recovery {}: {} restores backup {} and starts",
                 record.id,

@@ -158,11 +158,17 @@ fn a_recovery_from_a_backup_clears_waits_for_the_old_objects_then_reseeds() {
     obs.pods.clear();
     obs.pvcs.clear();
     assert_eq!(recovery(&obs), act(RecoveryStep::Reseed));
-    let (with_sts, _) = in_phase(phase::RESTORING);
+    let (mut with_sts, _) = in_phase(phase::RESTORING);
     assert_eq!(
         recovery(&with_sts),
         act(RecoveryStep::Reseed),
         "written again"
+    );
+    with_sts.statefulset.as_mut().unwrap().deleting = true;
+    assert!(
+        matches!(recovery(&with_sts), Some(Plan::Wait(why)) if why.contains("StatefulSet goes")),
+        "the old one, still being deleted: {:?}",
+        recovery(&with_sts)
     );
 }
 
@@ -183,4 +189,9 @@ fn a_cluster_regrowing_from_a_backup_waits_for_member_0_then_completes_when_whol
     let mut one = converged(1, 3);
     one.recovery.record = obs.recovery.record.clone();
     assert_eq!(recovery(&one), None, "the membership rules grow it");
+    // A StatefulSet deleted by hand meanwhile: the bootstrap rule makes it
+    // again, the recovery does not stand in its way.
+    let mut gone = obs.clone();
+    gone.statefulset = None;
+    assert_eq!(recovery(&gone), None);
 }
