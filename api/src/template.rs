@@ -126,6 +126,9 @@ pub struct ResolvedTuning {
     pub heartbeat_interval_millis: i32,
     pub election_timeout_millis: i32,
     pub quota_backend_bytes: i64,
+    /// The quota is `quotaBackendPercentOfStorage` of the size (and is
+    /// written into no spec: it follows the size).
+    pub quota_from_storage: bool,
     pub auto_compaction_retention: String,
     pub snapshot_count: i64,
 }
@@ -559,7 +562,7 @@ fn finish(
         }
     };
 
-    let tuning = resolve_tuning(config.etcd.unwrap_or_default(), &mut default)?;
+    let tuning = resolve_tuning(config.etcd.unwrap_or_default(), &size, &mut default)?;
 
     if let Some(backup) = &config.backup
         && backup
@@ -594,8 +597,13 @@ fn finish(
 
 fn resolve_tuning(
     t: EtcdTuning,
+    size: &Quantity,
     default: &mut impl FnMut(&str),
 ) -> Result<ResolvedTuning, ResolveError> {
+    let from_storage = match (t.quota_backend_bytes, t.quota_backend_percent_of_storage) {
+        (None, Some(percent)) => Some(quota_of_storage(size, percent)?),
+        _ => None,
+    };
     let mut or_default = |value: Option<i64>, path: &str, fallback: i64| {
         value.unwrap_or_else(|| {
             default(path);
@@ -613,7 +621,7 @@ fn resolve_tuning(
         DEFAULT_ELECTION_TIMEOUT_MILLIS.into(),
     );
     let quota = or_default(
-        t.quota_backend_bytes,
+        t.quota_backend_bytes.or(from_storage),
         "spec.etcd.quotaBackendBytes",
         DEFAULT_QUOTA_BACKEND_BYTES,
     );
@@ -661,9 +669,24 @@ fn resolve_tuning(
         heartbeat_interval_millis: heartbeat as i32,
         election_timeout_millis: election as i32,
         quota_backend_bytes: quota,
+        quota_from_storage: from_storage.is_some(),
         auto_compaction_retention,
         snapshot_count,
     })
+}
+
+/// `percent` of the volume size, for `--quota-backend-bytes`.
+fn quota_of_storage(size: &Quantity, percent: i32) -> Result<i64, ResolveError> {
+    if !(10..=95).contains(&percent) {
+        return Err(ResolveError::invalid(
+            "spec.etcd.quotaBackendPercentOfStorage",
+            format!("{percent} must be between 10 and 95"),
+        ));
+    }
+    let bytes = crate::quantity::bytes(&size.0)
+        .map_err(|e| ResolveError::invalid("spec.storage.size", e))?;
+    // At most 95% of an i64: never overflows back.
+    Ok((i128::from(bytes) * i128::from(percent) / 100) as i64)
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -765,6 +788,7 @@ etcd: {quotaBackendBytes: 4294967296}
                 heartbeat_interval_millis: 100,
                 election_timeout_millis: 1000,
                 quota_backend_bytes: 2_147_483_648,
+                quota_from_storage: false,
                 auto_compaction_retention: "1h".into(),
                 snapshot_count: 10_000,
             }
@@ -785,6 +809,40 @@ etcd: {quotaBackendBytes: 4294967296}
             assert_eq!(r.sources[path], Source::Default, "{path}");
         }
         assert_eq!(r.template_values, EtcdConfig::default());
+    }
+
+    #[test]
+    fn a_quota_in_percent_of_storage_follows_the_size_and_bytes_win() {
+        let of = |extra: &str| {
+            resolve(
+                None,
+                None,
+                &cluster(&format!("version: 3.5.2\nreplicas: 3\n{extra}")),
+            )
+        };
+        let r = of("storage: {size: 2Gi}\netcd: {quotaBackendPercentOfStorage: 80}\n").unwrap();
+        assert_eq!(r.spec.tuning.quota_backend_bytes, (2 << 30) * 80 / 100);
+        assert!(r.spec.tuning.quota_from_storage);
+        let r = of("storage: {size: 4Gi}\netcd: {quotaBackendPercentOfStorage: 80}\n").unwrap();
+        assert_eq!(r.spec.tuning.quota_backend_bytes, (4 << 30) * 80 / 100);
+        // Explicit bytes win, and the quota is then pinned as before.
+        let r = of("storage: {size: 2Gi}\netcd: {quotaBackendBytes: 1000000000, quotaBackendPercentOfStorage: 80}\n")
+            .unwrap();
+        assert_eq!(r.spec.tuning.quota_backend_bytes, 1_000_000_000);
+        assert!(!r.spec.tuning.quota_from_storage);
+        for (extra, why) in [
+            (
+                "etcd: {quotaBackendPercentOfStorage: 99}\n",
+                "between 10 and 95",
+            ),
+            (
+                "storage: {size: lots}\netcd: {quotaBackendPercentOfStorage: 50}\n",
+                "is not a quantity",
+            ),
+        ] {
+            let err = of(extra).unwrap_err().to_string();
+            assert!(err.contains(why), "{extra}: {err}");
+        }
     }
 
     #[test]

@@ -114,9 +114,10 @@ pub struct EtcdConfig {
     pub recovery: Option<crate::recovery::RecoverySpec>,
 }
 
-/// Persistent volume of each member. On an `EtcdCluster` both fields are
-/// immutable once set (the rules live on `EtcdClusterSpec`, so templates stay
-/// editable: editing a template never changes an existing cluster).
+/// Persistent volume of each member. On an `EtcdCluster` the class is
+/// immutable once set and the size may only grow (the rules live on
+/// `EtcdClusterSpec` and in the controller, so templates stay editable:
+/// editing a template never changes an existing cluster).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
@@ -124,7 +125,9 @@ pub struct StorageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
 
-    /// Size of each member's volume, e.g. `8Gi`; immutable once set on a cluster.
+    /// Size of each member's volume, e.g. `8Gi`. On a cluster it may grow
+    /// (each member's claim is expanded online, docs/storage.md) but never
+    /// shrink.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // The schema of a Quantity is int-or-string; only a rule rejects `lots`,
     // `0` and `-5Gi`.
@@ -179,9 +182,15 @@ pub struct EtcdTuning {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 50 && self <= 50000").message("electionTimeoutMillis must be between 50 and 50000"))]
     pub election_timeout_millis: Option<i32>,
-    /// `--quota-backend-bytes`.
+    /// `--quota-backend-bytes`. Wins over `quotaBackendPercentOfStorage`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota_backend_bytes: Option<i64>,
+    /// `--quota-backend-bytes` as this percentage of `storage.size`, when
+    /// `quotaBackendBytes` is not set: the quota follows the volumes when
+    /// they grow, once every member's volume has the room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 95").message("quotaBackendPercentOfStorage must be between 10 and 95"))]
+    pub quota_backend_percent_of_storage: Option<i32>,
     /// `--auto-compaction-retention` (periodic mode), e.g. `1h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // What etcd parses: a number of hours or a Go duration.
@@ -282,7 +291,10 @@ pub struct TemplateRef {
 #[x_kube(validation = Rule::new("!has(oldSelf.clusterRef) || (has(self.clusterRef) && self.clusterRef == oldSelf.clusterRef)").message("clusterRef is immutable once set").field_path(".clusterRef"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.kubeconfigSecretRef) || (has(self.kubeconfigSecretRef) && self.kubeconfigSecretRef == oldSelf.kubeconfigSecretRef)").message("kubeconfigSecretRef is immutable once set").field_path(".kubeconfigSecretRef"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.tls) || !has(oldSelf.tls.enabled) || (has(self.tls) && has(self.tls.enabled) && self.tls.enabled == oldSelf.tls.enabled)").message("tls.enabled is immutable once set").field_path(".tls.enabled"))]
-#[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.size) || (has(self.storage) && has(self.storage.size) && self.storage.size == oldSelf.storage.size)").message("storage.size is immutable once set: it can be neither changed nor removed").field_path(".storage.size"))]
+// The size may grow (the controller grows the volumes, docs/storage.md) but
+// never be removed; a shrink is refused by the controller, which compares
+// the quantities (and sees a template's shrink too).
+#[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.size) || (has(self.storage) && has(self.storage.size))").message("storage.size cannot be removed once set").field_path(".storage.size"))]
 // Restore and join are identity too: a running cluster cannot be told it
 // came from another snapshot or another etcd, nor be given one after
 // creation (a restore is honoured only at the first bootstrap, a join until
@@ -464,6 +476,12 @@ pub struct EtcdClusterStatus {
     /// needs each lost for `lostAfterSeconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_member_answers_since: Option<Time>,
+
+    /// The size every member's volume has: the smallest capacity of their
+    /// claims, as last observed. What `etcdfleet plan` compares
+    /// `spec.storage.size` with offline (docs/storage.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_size: Option<String>,
 }
 
 /// A fleet rollout that changed a cluster.

@@ -450,14 +450,12 @@ fn cluster_token(inputs: &RenderInputs) -> String {
 
 /// The `--initial-cluster-token` a StatefulSet's etcd container runs with.
 pub fn statefulset_cluster_token(sts: &StatefulSet) -> Option<String> {
-    let etcd = sts
-        .spec
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == "etcd")?;
+    pod_cluster_token(sts.spec.template.spec.as_ref()?)
+}
+
+/// The `--initial-cluster-token` of a pod's etcd container.
+pub fn pod_cluster_token(pod: &PodSpec) -> Option<String> {
+    let etcd = pod.containers.iter().find(|c| c.name == "etcd")?;
     etcd.args
         .iter()
         .flatten()

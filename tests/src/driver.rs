@@ -42,6 +42,9 @@ pub fn fast_settings() -> ReconcilerSettings {
         seeder_image: crate::runtime::SEEDER_IMAGE.to_string(),
         // No rotation on its own unless a test asks for one.
         ca_rotate_before: None,
+        // A file system that grows only at a pod start is not waited for
+        // long (the runtime never grows one online in that mode).
+        resize_restart_after: Duration::from_secs(2),
     }
 }
 

@@ -430,9 +430,9 @@ fn cel_names_must_not_be_empty() {
 }
 
 #[test]
-fn cel_storage_is_immutable_once_set() {
+fn cel_storage_class_is_immutable_and_size_cannot_be_removed_once_set() {
     const CLASS_MSG: &str = "spec.storage.storageClassName: storage.storageClassName is immutable once set: it can be neither changed nor removed";
-    const SIZE_MSG: &str = "spec.storage.size: storage.size is immutable once set: it can be neither changed nor removed";
+    const SIZE_MSG: &str = "spec.storage.size: storage.size cannot be removed once set";
     let unset = with_ref("");
     let set = with_ref("  storage: {storageClassName: fast, size: 20Gi}\n");
 
@@ -440,17 +440,16 @@ fn cel_storage_is_immutable_once_set() {
     assert!(set.validate_cel_update(&unset).is_ok());
     let half = with_ref("  storage: {size: 20Gi}\n");
     assert!(set.validate_cel_update(&half).is_ok(), "class added later");
-    // Unchanged: allowed.
+    // Unchanged: allowed. A new size too: the controller grows the volumes
+    // and refuses a shrink itself (it compares the quantities).
     assert!(set.validate_cel_update(&set).is_ok());
+    let grown = with_ref("  storage: {storageClassName: fast, size: 40Gi}\n");
+    assert!(grown.validate_cel_update(&set).is_ok());
 
     let cases = [
         (
             "  storage: {storageClassName: slow, size: 20Gi}\n",
             vec![CLASS_MSG],
-        ),
-        (
-            "  storage: {storageClassName: fast, size: 40Gi}\n",
-            vec![SIZE_MSG],
         ),
         ("  storage: {size: 20Gi}\n", vec![CLASS_MSG]),
         ("  storage: {storageClassName: fast}\n", vec![SIZE_MSG]),

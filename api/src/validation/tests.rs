@@ -326,15 +326,23 @@ fn maps_and_preserved_fields_keep_their_keys() {
 }
 
 #[test]
-fn storage_is_immutable_once_set_by_a_transition_rule() {
+fn storage_size_may_change_but_not_be_removed_by_a_transition_rule() {
     let old = cluster(good_spec());
+    // A new size passes the schema (the controller grows the volumes, and
+    // refuses a shrink itself: it compares the quantities).
     let changed = with("storage.size", json!("16Gi"));
-    let errors = errors_of(&changed, Some(&old));
+    validate_object(&cluster_crd(), &changed, Some(&old)).unwrap();
+    let mut no_size = cluster(good_spec());
+    no_size["spec"]["storage"]
+        .as_object_mut()
+        .unwrap()
+        .remove("size");
+    let errors = errors_of(&no_size, Some(&old));
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert_eq!(errors[0].field, "spec.storage.size");
     assert_eq!(
         errors[0].message,
-        "Invalid value: \"string\": storage.size is immutable once set: it can be neither changed nor removed"
+        "Invalid value: \"object\": storage.size cannot be removed once set"
     );
     // Removing it is a change too; the class has its own rule.
     let mut removed = cluster(good_spec());

@@ -6,7 +6,8 @@
 //! controller's own assembler (`etcdcluster::observe::assemble`) makes of
 //! readings taken from the status ([`status_readings`]). What the status
 //! cannot say (whether the workload objects exist and match, alarms, raft
-//! indexes) is taken to be in order. Its `Available` condition says when
+//! indexes) is taken to be in order; the volumes have `status.volumeSize`
+//! (and their StorageClass is not read). Its `Available` condition says when
 //! the last reconcile reached too few members to see a quorum (cut off
 //! from Ready pods, or quorum lost): then the members list is as last seen,
 //! and the plan is made as the controller made it.
@@ -29,12 +30,13 @@ use crate::etcd::{ClusterHealth, Member, MemberObservation, MemberStatus as Etcd
 use crate::etcdcluster::observe::assemble::{ObjectsReading, Readings, assemble};
 use crate::etcdcluster::observe::history::History;
 use crate::etcdcluster::observe::recovery;
+use crate::etcdcluster::plan::observation::{ClaimSize, StorageObservation};
 use crate::etcdcluster::plan::observation::{
     EtcdObservation, Observation, PodObservation, PvcObservation, StatefulSetObservation,
 };
 use crate::etcdcluster::plan::plan_next_step;
 use crate::etcdcluster::plan::quorum::{QuorumView, quorum_view};
-use crate::etcdcluster::plan::step::{Plan, RemovalCause, Step};
+use crate::etcdcluster::plan::step::{Plan, RemovalCause, Step, StorageStep};
 use crate::etcdcluster::resolve::{
     ResolutionSource, render_inputs, resolution_source, resolve_own_spec,
 };
@@ -355,7 +357,8 @@ pub fn status_readings(
     let entries = status_entries(&names, &status.members);
     let health = ClusterHealth::new(member_observations(&entries, &names, inputs.tls));
     let history = History::of(status, (Some(&health), &names), member_failure_grace, now);
-    let (pods, pvcs) = pods_and_volumes_from_status(&entries, inputs);
+    let (pods, mut pvcs) = pods_and_volumes_from_status(&entries, inputs);
+    let storage = volumes_from_status(status, inputs, &mut pvcs);
     let sts_replicas = pods.keys().max().map_or(0, |o| o + 1);
     Readings {
         names,
@@ -380,7 +383,7 @@ pub fn status_readings(
         etcd: EtcdObservation::Observed(health),
         // Alarms are not in the status; `plan` cannot see them.
         alarms: Vec::new(),
-        storage_change: None,
+        storage,
         // The version policy is reported on its own line (VersionAccepted).
         requested_version: None,
         downgrade_acknowledged: None,
@@ -390,6 +393,33 @@ pub fn status_readings(
         restore: Default::default(),
         ca_rotation: Default::default(),
         recovery: Default::default(),
+    }
+}
+
+/// The volumes as `status.volumeSize` last saw them: every member's claim,
+/// and the StatefulSet's claim template, of that size. Without it (a status
+/// older than the field) storage is not judged.
+fn volumes_from_status(
+    status: &EtcdClusterStatus,
+    inputs: &RenderInputs,
+    pvcs: &mut BTreeMap<u32, PvcObservation>,
+) -> StorageObservation {
+    let Some(have) = &status.volume_size else {
+        return StorageObservation::default();
+    };
+    for pvc in pvcs.values_mut() {
+        pvc.size = ClaimSize {
+            class: inputs.storage_class.clone(),
+            requested: Some(have.clone()),
+            capacity: Some(have.clone()),
+            ..ClaimSize::default()
+        };
+    }
+    StorageObservation {
+        size: inputs.storage_size.clone(),
+        class: inputs.storage_class.clone(),
+        template: Some((inputs.storage_class.clone(), Some(have.clone()))),
+        expansion: Default::default(),
     }
 }
 
@@ -519,6 +549,7 @@ fn pods_and_volumes_from_status(
                     owner_recorded: true,
                     etcd_version: ordinals.get(o).and_then(|m| m.version.clone()),
                     deleting: false,
+                    size: Default::default(),
                 },
             )
         })
@@ -628,6 +659,12 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
         Step::WriteObjects(_) | Step::Bootstrap { .. } => write!(out, "create: {step}"),
         Step::RecoverFromNoSpace | Step::Defragment { .. } => write!(out, "maintenance: {step}"),
         Step::Version(_) => write!(out, "version: {step}"),
+        Step::Storage(StorageStep::ExpandVolume { .. }) => write!(
+            out,
+            "storage: {step} (the StorageClass must allow expansion: checked against the \
+             workload cluster)"
+        ),
+        Step::Storage(_) => write!(out, "storage: {step}"),
         Step::ImportCa | Step::RetireMember { .. } => write!(out, "adopt: {step}"),
         _ => write!(out, "ca-rotation: {step}"),
     };

@@ -204,6 +204,27 @@ fn plan_scale_up_adds_a_learner() {
 }
 
 #[test]
+fn plan_shows_the_volume_steps_of_a_growth_and_refuses_a_shrink() {
+    let members = healthy(3, "3.5.1");
+    let with_size = |size: &str| {
+        cluster(
+            &format!("  version: 3.5.1\n  replicas: 3\n  storage: {{size: {size}}}\n"),
+            "3.5.1",
+            &members,
+        ) + "  volumeSize: 8Gi\n"
+    };
+    let p = &plan(&with_size("16Gi"))[0];
+    assert_eq!(
+        p.next,
+        "storage: expand the volume of ordinal 1 to 16Gi (the StorageClass must allow \
+         expansion: checked against the workload cluster)"
+    );
+    let p = &plan(&with_size("4Gi"))[0];
+    assert!(p.next.starts_with("refused (StorageShrink)"), "{}", p.next);
+    assert_eq!(plan(&with_size("8Gi"))[0].next, "no change");
+}
+
+#[test]
 fn plan_waits_for_an_unhealthy_member() {
     let members = [
         member(0, "3.5.1", true, true),

@@ -48,6 +48,10 @@ pub struct ReconcilerSettings {
     pub seeder_image: String,
     /// A CA expiring within this long is rotated on its own (`None`: never).
     pub ca_rotate_before: Option<Duration>,
+    /// How long a grown volume may wait for its file system to grow while
+    /// its pod runs (the kubelet grows it online when the driver can)
+    /// before the member is restarted so it grows at the pod's next start.
+    pub resize_restart_after: Duration,
 }
 
 impl Default for ReconcilerSettings {
@@ -80,6 +84,7 @@ impl ReconcilerSettings {
             seeder_image: config.seeder_image.clone(),
             ca_rotate_before: (config.ca_rotate_before_days > 0)
                 .then(|| Duration::from_secs(config.ca_rotate_before_days * 86400)),
+            resize_restart_after: Duration::from_secs(30),
         }
     }
 }

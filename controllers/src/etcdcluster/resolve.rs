@@ -376,10 +376,10 @@ pub fn controller_defaults(spec: &EtcdClusterSpec, r: &ResolvedEtcdSpec) -> Etcd
             .election_timeout_millis
             .is_none()
             .then_some(t.election_timeout_millis),
-        quota_backend_bytes: tuning
-            .quota_backend_bytes
-            .is_none()
+        // A quota derived from the size follows the size: never pinned.
+        quota_backend_bytes: (tuning.quota_backend_bytes.is_none() && !t.quota_from_storage)
             .then_some(t.quota_backend_bytes),
+        quota_backend_percent_of_storage: None,
         auto_compaction_retention: tuning
             .auto_compaction_retention
             .is_none()

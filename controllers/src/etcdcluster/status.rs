@@ -27,6 +27,7 @@ use super::context::now;
 use super::plan::observation::{EtcdObservation, Observation, RestoreGate};
 use super::plan::quorum::{QUORUM_LOSS_HELP, QuorumView, quorum_view};
 use super::plan::step::{Refusal, Step};
+use super::plan::storage::sizes as storage;
 
 mod adopt;
 mod ca_rotation;
@@ -477,6 +478,8 @@ impl Builder {
         let planned: Vec<String> = planned.iter().map(|m| m.name.clone()).collect();
         let unhealthy: Vec<String> = unhealthy.iter().map(|m| m.name.clone()).collect();
         self.new.members = members;
+        self.new.volume_size =
+            storage::volume_size(planner).or_else(|| self.old.volume_size.clone());
         self.alarms_and_health(planner, unhealthy, planned);
     }
 

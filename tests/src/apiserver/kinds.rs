@@ -125,6 +125,13 @@ pub fn builtins() -> Vec<Kind> {
         Kind::builtin("", "v1", "events", "Event", true),
         Kind::builtin("", "v1", "nodes", "Node", false).with_status(),
         Kind::builtin("", "v1", "persistentvolumes", "PersistentVolume", false).with_status(),
+        Kind::builtin(
+            "storage.k8s.io",
+            "v1",
+            "storageclasses",
+            "StorageClass",
+            false,
+        ),
         statefulsets,
         Kind::builtin(
             "policy",

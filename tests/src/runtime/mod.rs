@@ -13,6 +13,8 @@
 //!    for lower ordinals to be ready), all at once under `Parallel`. PVCs
 //!    `<template>-<pod>` are created when missing and never deleted (PVC
 //!    retention). Pods with ordinal ≥ replicas are deleted, highest first.
+//!    Pods at its names that match its selector and have no controller (a
+//!    StatefulSet deleted with `propagationPolicy: Orphan`) are adopted.
 //!    `updateStrategy: OnDelete` never replaces a pod because the template
 //!    changed; `RollingUpdate` (the Kubernetes default) replaces the highest
 //!    out-of-date pod at or above the partition, one at a time, while all
@@ -89,6 +91,8 @@
 //!
 //! **Rooms.** [`WorkloadRuntime`] here is the handle tests hold; what it
 //! plays lives one room each: `statefulset` (the StatefulSet controller),
+//! `resize` (volume expansion: a claim's capacity follows its request, at
+//! once or at the next pod start, [`ResizeMode`]),
 //! `kubelet` (the pod lifecycle), `env` (env and the downward API),
 //! `volumes`, `network` (pod IPs and the hosts file), `images` (the
 //! [`ImageTable`]) and [`probes`]; `state` holds what they share.
@@ -99,12 +103,14 @@ mod env;
 mod images;
 mod kubelet;
 mod network;
+mod resize;
 mod state;
 mod statefulset;
 mod volumes;
 
 pub use env::expand_k8s_vars;
 pub use images::{CONTROLLER_IMAGE_REPOSITORY, ImageTable, SEEDER_IMAGE};
+pub use state::ResizeMode;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -192,6 +198,7 @@ impl WorkloadRuntime {
                 names: Mutex::new(BTreeMap::new()),
                 host_volumes: Mutex::new(BTreeSet::new()),
                 exiting: Mutex::new(Duration::ZERO),
+                resize: Mutex::new(ResizeMode::default()),
                 state: tokio::sync::Mutex::new(State {
                     hosts_content: base,
                     ..State::default()
@@ -332,6 +339,11 @@ impl WorkloadRuntime {
     }
 
     /// The IP a pod's hostnames resolve to in this cluster.
+    /// How claims that grow get their room from now on (emulated mode).
+    pub fn set_resize(&self, mode: ResizeMode) {
+        *self.inner.resize.lock().expect("lock") = mode;
+    }
+
     pub fn resolve(&self, host: &str) -> Option<Ipv4Addr> {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         self.inner.names.lock().expect("lock").get(&host).copied()

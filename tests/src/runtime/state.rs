@@ -85,6 +85,17 @@ pub(super) struct State {
     pub(super) settled: bool,
 }
 
+/// How a grown claim's file system grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResizeMode {
+    /// At once, while the pod runs (drivers with online expansion).
+    #[default]
+    Online,
+    /// Only when a pod using the claim starts again: until then the claim
+    /// says `FileSystemResizePending` (drivers without online expansion).
+    AtPodStart,
+}
+
 /// What a runtime plays (see the module docs).
 #[derive(Debug, Clone)]
 pub(super) enum Mode {
@@ -114,6 +125,8 @@ pub(super) struct Inner {
     /// How long the processes of deleted pods took to exit after SIGTERM,
     /// summed (etcd's own shutdown: from 20 ms to several seconds).
     pub(super) exiting: Mutex<Duration>,
+    /// How a grown claim's file system grows (emulated mode).
+    pub(super) resize: Mutex<ResizeMode>,
 }
 
 impl Drop for Inner {
@@ -159,6 +172,7 @@ impl Inner {
             return self.run_kubelet(&mut state).await;
         }
         self.run_statefulsets().await?;
+        self.run_resizer().await?;
         self.run_kubelet(&mut state).await?;
         self.update_statefulset_status().await?;
         self.collect_pvc_dirs(&mut state).await?;

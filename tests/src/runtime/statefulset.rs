@@ -59,6 +59,9 @@ impl Inner {
         let parallel = spec.pod_management_policy.as_deref() == Some("Parallel");
         let revision = template_revision(sts);
         let pod_api = Api::<Pod>::namespaced(self.client.clone(), &ns);
+        if self.adopt_orphans(sts, pods).await? {
+            return Ok(()); // the next sync sees them owned
+        }
         let owned: BTreeMap<i32, &Pod> = pods
             .iter()
             .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && controlled_by(p, &uid))
@@ -120,6 +123,50 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Pods at this StatefulSet's names, matching its selector, that no
+    /// controller owns (their StatefulSet was deleted with
+    /// `propagationPolicy: Orphan`) are adopted, as the StatefulSet
+    /// controller's ref manager does: a controller reference is added, the
+    /// pod keeps running. Whether any was.
+    async fn adopt_orphans(&self, sts: &StatefulSet, pods: &[Pod]) -> Result<bool> {
+        let ns = sts.namespace().unwrap_or_default();
+        let name = sts.name_any();
+        let selector = sts.spec.selector.match_labels.clone().unwrap_or_default();
+        let orphans = pods.iter().filter(|p| {
+            p.namespace().as_deref() == Some(ns.as_str())
+                && p.metadata.deletion_timestamp.is_none()
+                && ordinal_of(&name, &p.name_any()).is_some()
+                && !(p.owner_references().iter()).any(|r| r.controller == Some(true))
+                && selector.iter().all(|(k, v)| p.labels().get(k) == Some(v))
+        });
+        let mut adopted = false;
+        for pod in orphans {
+            let owner = OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+                name: name.clone(),
+                uid: sts.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            };
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": pod.resource_version(),
+                    "ownerReferences": [owner],
+                },
+            });
+            Api::<Pod>::namespaced(self.client.clone(), &ns)
+                .patch(
+                    &pod.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await?;
+            adopted = true;
+        }
+        Ok(adopted)
     }
 
     async fn create_pvc(

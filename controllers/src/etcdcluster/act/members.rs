@@ -215,7 +215,7 @@ async fn member_client(
 /// defragment every member one at a time (followers first, leader last) so
 /// the freed pages return to the filesystem, then disarm the alarm. If live
 /// data alone still fills the quota, the alarm stays and the error says to
-/// raise `spec.etcd.quotaBackendBytes`.
+/// raise `spec.etcd.quotaBackendBytes` (or grow the volumes the quota follows).
 pub(super) async fn recover_from_nospace(inputs: &RenderInputs, observed: &Observed) -> Result<()> {
     let health = observed
         .health
@@ -252,7 +252,8 @@ pub(super) async fn recover_from_nospace(inputs: &RenderInputs, observed: &Obser
     if in_use * 10 > inputs.quota_backend_bytes * 9 {
         return Err(Error::Invalid(format!(
             "NOSPACE persists: live data uses {in_use} bytes of the {} byte quota after compaction \
-             and defragmentation; raise spec.etcd.quotaBackendBytes",
+             and defragmentation; raise spec.etcd.quotaBackendBytes, or grow spec.storage.size \
+             when the quota is a percentage of it (quotaBackendPercentOfStorage, docs/storage.md)",
             inputs.quota_backend_bytes
         )));
     }

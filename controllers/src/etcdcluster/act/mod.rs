@@ -8,7 +8,8 @@
 //! (etcd membership, volumes, restarts, maintenance) in `members`; the
 //! takeover of a running etcd in `adopt`; the rotation of the CA in
 //! `ca_rotation`; the steps of a version change in `version`; those of a
-//! recovery from a lost quorum in `recovery`; what every
+//! recovery from a lost quorum in `recovery`; volumes that grow in
+//! `storage`; what every
 //! step acts on in `target`; deletion of the whole cluster is [`finalize`].
 //! Writes to the EtcdCluster itself go through its
 //! [`ClusterObject`](super::cluster_object::ClusterObject).
@@ -20,6 +21,7 @@ mod members;
 mod objects;
 mod pki;
 mod recovery;
+mod storage;
 mod target;
 mod version;
 
@@ -123,6 +125,7 @@ async fn execute_on(step: &Step, on: &Target<'_>) -> Result<()> {
         Step::CancelCaRotation => ca_rotation::drop_next_ca(on).await,
         Step::RecoverCa { .. } => ca_rotation::recover_ca(on).await,
         Step::Recovery(step) => recovery::execute(step, on).await,
+        Step::Storage(step) => storage::execute(step, on).await,
         // Taken above, with the EtcdCluster object.
         Step::Version(_) => Ok(()),
     }

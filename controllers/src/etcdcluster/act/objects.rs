@@ -14,6 +14,7 @@ use kube::api::{Api, ObjectMeta, Patch, PostParams};
 use kube::{Resource, ResourceExt};
 
 use super::super::context::{Context, Error, Result};
+use super::super::observe::Observed;
 use super::super::plan::step::ObjectKind;
 use super::pki;
 use super::target::{CERT_VALIDITY_DAYS, Target, apply};
@@ -189,10 +190,7 @@ pub(super) async fn write_statefulset_at(on: &Target<'_>, replicas: u32) -> Resu
     // The members keep the token they were bootstrapped with (etcd
     // ignores it on a data directory, but the template stays true).
     let inputs = &RenderInputs {
-        initial_cluster_token: observed
-            .statefulset
-            .as_ref()
-            .and_then(render::statefulset_cluster_token),
+        initial_cluster_token: kept_token(observed),
         ..on.inputs.clone()
     };
     let api = on.api::<StatefulSet>();
@@ -204,10 +202,28 @@ pub(super) async fn write_statefulset_at(on: &Target<'_>, replicas: u32) -> Resu
         .map_err(|e| on.err(e))
 }
 
+/// The `--initial-cluster-token` the members run with: the StatefulSet's,
+/// or its running pods' when it was deleted around them (a volume growth
+/// re-creates it so).
+fn kept_token(observed: &Observed) -> Option<String> {
+    let from_pods = || {
+        let mut pods = observed.pods.values().filter_map(|p| p.spec.as_ref());
+        pods.find_map(render::pod_cluster_token)
+    };
+    (observed.statefulset.as_ref())
+        .and_then(render::statefulset_cluster_token)
+        .or_else(from_pods)
+}
+
 /// Creates the members ConfigMap (if missing), the restore credentials of a
-/// cluster that restores, and the StatefulSet with `replicas`.
+/// cluster that restores, and the StatefulSet with `replicas` (around the
+/// pods that still run, with their token).
 pub(super) async fn bootstrap(on: &Target<'_>, replicas: u32) -> Result<()> {
-    let (cluster, ctx, inputs, names) = (on.cluster, on.ctx, on.inputs, on.names());
+    let (cluster, ctx, names) = (on.cluster, on.ctx, on.names());
+    let inputs = &RenderInputs {
+        initial_cluster_token: kept_token(on.observed),
+        ..on.inputs.clone()
+    };
     let err = |e| on.err(e);
     let cms: Api<ConfigMap> = on.api();
     if cms

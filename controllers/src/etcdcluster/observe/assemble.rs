@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 use super::super::plan::observation::{
     CaRotationObservation, EtcdObservation, ForeignObject, Observation, PodObservation,
-    PvcObservation, RecoveryObservation, RestoreGate, StatefulSetObservation, VersionObservation,
+    PvcObservation, RecoveryObservation, RestoreGate, StatefulSetObservation, StorageObservation,
+    VersionObservation,
 };
 use super::super::plan::step::ObjectKind;
 use super::history::History;
@@ -28,8 +29,8 @@ pub struct Readings {
     pub pvcs: BTreeMap<u32, PvcObservation>,
     pub etcd: EtcdObservation,
     pub alarms: Vec<Alarm>,
-    /// A storage change the StatefulSet's claim templates cannot take.
-    pub storage_change: Option<String>,
+    /// The storage asked for and the StatefulSet's claim template.
+    pub storage: StorageObservation,
     /// The version the spec asks for (`None`: not judged here).
     pub requested_version: Option<String>,
     pub downgrade_acknowledged: Option<String>,
@@ -77,7 +78,7 @@ pub fn assemble(r: Readings) -> Observation {
         pki_lost: r.tls
             && !objects.pki_present
             && (objects.tls_secret_ca_present || r.history.had_members),
-        storage_change: r.storage_change,
+        storage: r.storage,
         requested_version: r.requested_version,
         downgrade_acknowledged: r.downgrade_acknowledged,
         version: r.version,

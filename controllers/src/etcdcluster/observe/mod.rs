@@ -28,6 +28,7 @@ pub mod objects;
 pub mod pki;
 pub mod recovery;
 pub mod restore;
+pub mod storage;
 pub mod version;
 pub mod volumes;
 
@@ -175,6 +176,9 @@ pub async fn observe(
     let who = (cluster, key.as_str(), inputs.version.as_str());
     let read = recovery::read(who, policy, &status, members_reached, workload, ctx);
     let recovery = Box::pin(read).await;
+    let sts = statefulset.statefulset.as_ref();
+    let at = (now, ctx.settings.resize_restart_after);
+    let (mut claims, storage) = storage::read(workload, inputs, sts, &members.pvcs, at).await;
 
     let readings = Readings {
         names: w.names.clone(),
@@ -196,11 +200,11 @@ pub async fn observe(
             .map(|(o, p)| (*o, volumes::pod_observation(p, now)))
             .collect(),
         pvcs: (members.pvcs.iter())
-            .map(|(o, p)| (*o, volumes::pvc_observation(p, &w.owner)))
+            .map(|(o, p)| (*o, volumes::pvc_observation(p, &w.owner, claims.remove(o))))
             .collect(),
         etcd: etcd.etcd,
         alarms: etcd.alarms,
-        storage_change: statefulset.storage_change.clone(),
+        storage,
         requested_version: Some(inputs.version.clone()),
         downgrade_acknowledged: cluster
             .annotations()

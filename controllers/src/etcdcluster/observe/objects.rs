@@ -196,8 +196,6 @@ pub struct StatefulSetReading {
     /// rejected).
     pub stale: bool,
     pub conflicts: Vec<ForeignObject>,
-    /// A storage change its claim templates cannot take.
-    pub storage_change: Option<String>,
 }
 
 /// Reads the StatefulSet (every reconcile: it changes on its own).
@@ -209,34 +207,29 @@ pub async fn read_statefulset(w: &Workload<'_>, resolved: &Resolved) -> Result<S
         .await
         .map_err(w.err())?;
     let mut conflicts = Vec::new();
-    let mut storage_change = None;
-    if let Some(sts) = &statefulset
-        && w.owned(sts, &mut conflicts)
-        && let Some((class, size)) = render::statefulset_storage(sts)
-    {
-        let want = (
-            inputs.storage_class.clone(),
-            Some(inputs.storage_size.clone()),
-        );
-        if (class.clone(), size.clone()) != want {
-            storage_change = Some(format!(
-                "spec.storage asks for class {:?}, size {}, but the StatefulSet's volumes are class {:?}, size {}",
-                inputs.storage_class,
-                inputs.storage_size,
-                class,
-                size.unwrap_or_default()
-            ));
-        }
+    if let Some(sts) = &statefulset {
+        w.owned(sts, &mut conflicts);
     }
+    // A StatefulSet whose claim template differs from spec.storage is
+    // never rewritten (claim templates are immutable): the storage rules
+    // re-create it once the volumes have grown, or refuse the change.
     let stale = match &statefulset {
         None => true,
-        Some(sts) => !resolved.hold_statefulset() && render::drift(sts, inputs).is_some(),
+        Some(sts) => {
+            let storage_differs = render::statefulset_storage(sts).is_some_and(|(class, size)| {
+                (class, size)
+                    != (
+                        inputs.storage_class.clone(),
+                        Some(inputs.storage_size.clone()),
+                    )
+            });
+            !resolved.hold_statefulset() && !storage_differs && render::drift(sts, inputs).is_some()
+        }
     };
     Ok(StatefulSetReading {
         statefulset,
         stale,
         conflicts,
-        storage_change,
     })
 }
 

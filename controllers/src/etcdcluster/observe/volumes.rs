@@ -10,6 +10,7 @@ use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
 use super::super::context::Result;
+use super::super::plan::observation::ClaimSize;
 use super::super::plan::observation::{
     ForeignObject, PodObservation, PvcObservation, STUCK_DELETING_AFTER,
 };
@@ -182,7 +183,12 @@ fn last_exit(c: &ContainerStatus) -> Option<String> {
 
 /// A member volume as the planner sees it: which member's data, whose, and
 /// which etcd last ran on it.
-pub fn pvc_observation(pvc: &PersistentVolumeClaim, owner: &String) -> PvcObservation {
+/// A member PVC as the planner sees it, with its size ([`super::storage`]).
+pub fn pvc_observation(
+    pvc: &PersistentVolumeClaim,
+    owner: &String,
+    size: Option<ClaimSize>,
+) -> PvcObservation {
     PvcObservation {
         member_id: pvc
             .annotations()
@@ -191,6 +197,7 @@ pub fn pvc_observation(pvc: &PersistentVolumeClaim, owner: &String) -> PvcObserv
         owner_recorded: pvc.annotations().get(PVC_OWNER_ANNOTATION) == Some(owner),
         etcd_version: pvc.annotations().get(PVC_VERSION_ANNOTATION).cloned(),
         deleting: pvc.metadata.deletion_timestamp.is_some(),
+        size: size.unwrap_or_default(),
     }
 }
 

@@ -54,6 +54,11 @@ pub(super) fn advance(m: &Members) -> Option<Plan> {
         });
     }
     let Some(record) = rotation.record.as_ref().filter(|r| r.in_progress()) else {
+        if rotation.requested.is_some() && super::storage::sizes::growth_under_way(m.obs) {
+            return Some(Plan::Wait(
+                "CA rotation waits for the volume growth under way to finish".into(),
+            ));
+        }
         return start(rotation);
     };
     if let Some(why) = unsettled(m) {

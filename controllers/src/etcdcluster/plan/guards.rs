@@ -125,18 +125,6 @@ pub(super) fn pki_lost(obs: &Observation) -> Option<Plan> {
     })
 }
 
-/// Rule: a storage change the StatefulSet's claim templates cannot take.
-pub(super) fn storage_immutable(obs: &Observation) -> Option<Plan> {
-    let change = obs.storage_change.as_ref()?;
-    Some(Plan::Refuse(Refusal {
-        reason: "StorageImmutable",
-        message: format!(
-            "{change}; a StatefulSet's volume claim templates cannot change, so nothing is \
-             written. Revert spec.storage"
-        ),
-    }))
-}
-
 /// Rule: the version the spec asks for, judged against the data on the
 /// volumes as last recorded: decisive when no member runs (a cluster
 /// recreated over kept volumes), a second check otherwise.
@@ -202,17 +190,12 @@ mod tests {
         let refusals = [
             objects_owned_elsewhere,
             pki_lost,
-            storage_immutable,
             version_forbidden_by_volumes,
             version_forbidden_by_members,
         ];
         assert!(refusals.iter().all(|rule| rule(&obs).is_none()));
         obs.pki_lost = true;
         assert!(matches!(pki_lost(&obs), Some(Plan::Refuse(r)) if r.reason == "PkiLost"));
-        obs.storage_change = Some("size 1Gi to 2Gi".into());
-        assert!(
-            matches!(storage_immutable(&obs), Some(Plan::Refuse(r)) if r.reason == "StorageImmutable")
-        );
     }
 
     #[test]

@@ -25,6 +25,12 @@ pub(super) fn alarms(m: &Members) -> Option<Plan> {
     if !obs.alarms.iter().any(|a| a.kind == AlarmKind::NoSpace) {
         return None;
     }
+    // Members not yet on the StatefulSet's template roll first: the quota
+    // may be what changed (one that follows volumes that grew), and the
+    // alarm is disarmed once every member runs with it.
+    if obs.pods.keys().any(|o| m.outdated(*o)) {
+        return None;
+    }
     if let Some(sick) = m.health.voters().find(|mo| !mo.healthy) {
         return Some(Plan::Wait(format!(
             "NOSPACE recovery waits until every member is healthy ({:x} is not)",

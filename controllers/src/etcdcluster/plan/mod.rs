@@ -13,7 +13,8 @@
 //! Rooms: [`observation`] (what the planner reads), [`step`] (what it
 //! answers), [`members`] (the running cluster as the membership rules see
 //! it), [`quorum`]; the rules themselves in [`guards`], [`bootstrap`],
-//! [`repair`], [`scale`], [`roll`], [`maintenance`] and [`version`] (the
+//! [`repair`], [`scale`], [`roll`], [`maintenance`], [`storage`] (volumes
+//! that grow, changes they cannot take) and [`version`] (the
 //! preflight of a change of minor version and etcd's online downgrade),
 //! the takeover of a running etcd in [`adopt`], the rotation of the CA
 //! in [`ca_rotation`], and the recovery from a lost quorum in [`recovery`].
@@ -31,6 +32,7 @@ pub mod repair;
 pub mod roll;
 pub mod scale;
 pub mod step;
+pub mod storage;
 pub mod version;
 
 pub use adopt::{AdoptionState, adoption_state};
@@ -42,9 +44,11 @@ pub use observation::{
     Observation, PodObservation, ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR,
     RecoveryObservation, RestoreGate, StatefulSetObservation, TrustProbe, VersionObservation,
 };
+pub use observation::{ClaimSize, Expansion, StorageObservation};
 pub use quorum::{CutOff, QUORUM_LOSS_HELP, QuorumView, quorum_view};
 pub use step::{
-    ObjectKind, Plan, RecoveryPlan, RecoveryStep, Refusal, RemovalCause, Step, VersionStep,
+    ObjectKind, Plan, RecoveryPlan, RecoveryStep, Refusal, RemovalCause, Step, StorageStep,
+    VersionStep,
 };
 
 /// One rule of the policy: it decides from the observation alone, or (after
@@ -69,7 +73,7 @@ pub const RULES: &[(&str, Rule)] = &[
         O(guards::objects_owned_elsewhere),
     ),
     ("lost PKI", O(guards::pki_lost)),
-    ("storage immutable", O(guards::storage_immutable)),
+    ("storage change refused", O(storage::refused)),
     (
         "a version the volumes' data forbids",
         O(guards::version_forbidden_by_volumes),
@@ -118,6 +122,9 @@ pub const RULES: &[(&str, Rule)] = &[
     ),
     ("failed members", M(repair::failed_members)),
     ("stale storage", M(repair::stale_storage)),
+    // Volumes grow (before the alarms: growing is how NOSPACE is cured
+    // when the quota follows the size), one member at a time.
+    ("grow volumes", M(storage::grow)),
     // Alarms before any change of size or version.
     ("alarms", M(maintenance::alarms)),
     // Scale: down (shrink after a removal, then its volume, then the next

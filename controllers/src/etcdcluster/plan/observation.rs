@@ -75,6 +75,8 @@ pub struct PvcObservation {
     pub etcd_version: Option<String>,
     /// A delete is in progress (PVC protection holds it while a pod uses it).
     pub deleting: bool,
+    /// Its size, asked for and had ([`super::storage`]).
+    pub size: ClaimSize,
 }
 
 /// What etcd itself said.
@@ -112,9 +114,9 @@ pub struct Observation {
     /// TLS is on, the management-side CA is gone, but the workload cluster
     /// still has certificates from a CA: a new CA would lock every member out.
     pub pki_lost: bool,
-    /// A storage change the StatefulSet cannot take (its claim templates are
-    /// immutable): what changed.
-    pub storage_change: Option<String>,
+    /// The storage the spec asks for and the StatefulSet's claim template
+    /// ([`super::storage`]).
+    pub storage: StorageObservation,
     /// The version the spec asks for (`MAJOR.MINOR.PATCH`).
     pub requested_version: Option<String>,
     /// The downgrade the cluster acknowledges
@@ -295,3 +297,52 @@ pub struct FailedStep {
 /// How many failure grace periods a member that does not answer the
 /// controller, but whose pod is ready, is given before it is replaced.
 pub const READY_POD_GRACE_FACTOR: u32 = 5;
+
+/// A member volume's size, as its claim says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimSize {
+    /// `spec.storageClassName` (the default class is filled in by the API
+    /// server when the claim is created).
+    pub class: Option<String>,
+    /// `spec.resources.requests.storage`.
+    pub requested: Option<String>,
+    /// `status.capacity.storage`: what the volume has.
+    pub capacity: Option<String>,
+    /// `FileSystemResizePending`: the volume grew, its file system grows
+    /// when the pod using it starts again.
+    pub restart_pending: bool,
+    /// The last resize error Kubernetes reported on the claim, if any.
+    pub error: Option<String>,
+}
+
+/// The storage the spec asks for and the storage the StatefulSet has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageObservation {
+    /// `spec.storage.size`, resolved.
+    pub size: String,
+    /// `spec.storage.storageClassName`, resolved.
+    pub class: Option<String>,
+    /// The StatefulSet's claim template, (class, size), when it exists.
+    pub template: Option<(Option<String>, Option<String>)>,
+    /// Whether the members' StorageClass lets a claim grow: read only
+    /// while a claim is smaller than the spec asks.
+    pub expansion: Expansion,
+}
+
+/// What the members' StorageClass says about growing a claim.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Expansion {
+    /// Not read: nothing has to grow.
+    #[default]
+    NotRead,
+    /// `allowVolumeExpansion: true` on this class.
+    Allowed(String),
+    /// The class does not allow expansion.
+    NotAllowed(String),
+    /// The claims name no class: no provisioner can grow them.
+    NoClass,
+    /// The class is gone.
+    Missing(String),
+    /// The class could not be read, and why.
+    Unreadable { class: String, error: String },
+}

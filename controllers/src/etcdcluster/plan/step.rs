@@ -108,6 +108,8 @@ pub enum Step {
     },
     /// A step of a recovery from a lost quorum ([`RecoveryStep`]).
     Recovery(RecoveryStep),
+    /// A step of a storage change ([`super::storage`]).
+    Storage(StorageStep),
     /// A step of a change of minor version: a snapshot before it, etcd's
     /// online downgrade ([`super::version`]).
     Version(VersionStep),
@@ -166,6 +168,7 @@ impl Step {
             Step::RecoverFromNoSpace => "RecoverFromNoSpace",
             Step::Defragment { .. } => "Defragment",
             Step::Version(step) => step.kind(),
+            Step::Storage(step) => step.kind(),
             Step::Recovery(step) => step.kind(),
             Step::ImportCa => "ImportCa",
             Step::RetireMember { .. } => "RetireMember",
@@ -192,6 +195,8 @@ impl Step {
             | Step::Defragment { ordinal, .. } => Some(*ordinal),
             Step::ScaleStatefulSet { replicas } => replicas.checked_sub(1),
             Step::Recovery(RecoveryStep::RestartChosen { ordinal }) => Some(*ordinal),
+            Step::Storage(StorageStep::RestartForResize { ordinal, .. }) => Some(*ordinal),
+            Step::Storage(_) => None,
             Step::Recovery(_)
             | Step::WriteObjects(_)
             | Step::Bootstrap { .. }
@@ -228,6 +233,7 @@ impl Step {
                 | Step::RecordPvcMember { .. }
                 | Step::MoveLeader { .. }
                 | Step::Version(VersionStep::ForgetAcknowledgement { .. })
+                | Step::Storage(StorageStep::ExpandVolume { .. })
         )
     }
 
@@ -241,6 +247,9 @@ impl Step {
                 | Step::DeletePvc { .. }
                 | Step::DeleteStaleStorage { .. }
                 | Step::RestartMember { .. }
+                | Step::Storage(
+                    StorageStep::RestartForResize { .. } | StorageStep::RecreateStatefulSet { .. }
+                )
                 | Step::Recovery(
                     RecoveryStep::Fence { .. }
                         | RecoveryStep::RestartChosen { .. }
@@ -317,6 +326,7 @@ impl fmt::Display for Step {
                 write!(f, "defragment member {member_id:x} (ordinal {ordinal})")
             }
             Step::Version(step) => step.fmt(f),
+            Step::Storage(step) => step.fmt(f),
             Step::Recovery(step) => step.fmt(f),
             Step::ImportCa => write!(
                 f,
@@ -549,6 +559,47 @@ impl fmt::Display for RecoveryStep {
                 "recovery: create the StatefulSet with one member, seeded from the backup"
             ),
             RecoveryStep::Complete => write!(f, "recovery complete: every member is back"),
+        }
+    }
+}
+
+/// A step of a storage change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageStep {
+    /// Ask for the new size on one member's claim.
+    ExpandVolume { ordinal: u32, size: String },
+    /// Restart a member whose volume grew but whose file system grows only
+    /// when its pod starts again (`FileSystemResizePending`).
+    RestartForResize { ordinal: u32, member_id: u64 },
+    /// Delete the StatefulSet, leaving its pods and claims running, so the
+    /// next write creates it with claim templates of `size`.
+    RecreateStatefulSet { size: String },
+}
+
+impl StorageStep {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StorageStep::ExpandVolume { .. } => "ExpandVolume",
+            StorageStep::RestartForResize { .. } => "RestartForResize",
+            StorageStep::RecreateStatefulSet { .. } => "RecreateStatefulSet",
+        }
+    }
+}
+
+impl fmt::Display for StorageStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StorageStep::ExpandVolume { ordinal, size } => {
+                write!(f, "expand the volume of ordinal {ordinal} to {size}")
+            }
+            StorageStep::RestartForResize { ordinal, member_id } => write!(
+                f,
+                "restart member {member_id:x} (ordinal {ordinal}) so its file system grows"
+            ),
+            StorageStep::RecreateStatefulSet { size } => write!(
+                f,
+                "re-create the StatefulSet around its running pods with {size} volume claims"
+            ),
         }
     }
 }

@@ -92,6 +92,11 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
                         owner_recorded: true,
                         etcd_version: Some("3.5.1".into()),
                         deleting: false,
+                        size: ClaimSize {
+                            requested: Some("8Gi".into()),
+                            capacity: Some("8Gi".into()),
+                            ..ClaimSize::default()
+                        },
                     },
                 )
             })
@@ -104,7 +109,12 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
         alarms: vec![],
         conflicts: vec![],
         pki_lost: false,
-        storage_change: None,
+        storage: StorageObservation {
+            size: "8Gi".into(),
+            class: None,
+            template: Some((None, Some("8Gi".into()))),
+            expansion: Expansion::NotRead,
+        },
         requested_version: None,
         downgrade_acknowledged: None,
         version: Default::default(),
@@ -243,6 +253,7 @@ fn scale_up_adds_one_learner_then_starts_then_promotes() {
             owner_recorded: true,
             etcd_version: Some("3.5.1".into()),
             deleting: false,
+            size: Default::default(),
         },
     );
     assert_eq!(
@@ -734,7 +745,7 @@ fn lost_pki_and_untakeable_storage_changes_are_refused() {
     obs.stale_objects = vec![ObjectKind::Pki];
     assert_eq!(refused(plan_next_step(&obs)).reason, "PkiLost");
     let mut obs = converged(3, 3);
-    obs.storage_change = Some("size 8Gi → 16Gi".into());
+    obs.storage.class = Some("fast".into());
     assert_eq!(refused(plan_next_step(&obs)).reason, "StorageImmutable");
 }
 

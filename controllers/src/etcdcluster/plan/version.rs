@@ -74,6 +74,11 @@ enum Gate {
 /// before it) — seated before the backoff of a failing step, so a failed
 /// snapshot is answered with its own reason.
 pub fn preflight(obs: &Observation) -> Option<Plan> {
+    // A volume growth under way finishes first (its rule answers); the
+    // StatefulSet write that would start the roll is held meanwhile.
+    if super::storage::sizes::growth_under_way(obs) {
+        return None;
+    }
     match preflight_gate(obs)? {
         Gate::Take(plan) => Some(plan),
         Gate::HoldStatefulSet(_) => None,
@@ -82,6 +87,9 @@ pub fn preflight(obs: &Observation) -> Option<Plan> {
 
 /// Rule: etcd's online downgrade decides (enable, cancel).
 pub fn downgrade(obs: &Observation) -> Option<Plan> {
+    if super::storage::sizes::growth_under_way(obs) {
+        return None;
+    }
     match downgrade_gate(obs)? {
         Gate::Take(plan) => Some(plan),
         Gate::HoldStatefulSet(_) => None,
@@ -309,8 +317,11 @@ fn acknowledgement_to_forget(obs: &Observation) -> Option<VersionStep> {
 
 /// Whether the StatefulSet still has to be (re)written: the roll of a
 /// version change has not started.
+/// The StatefulSet is to be written: it is stale, or a volume growth is to
+/// create it again.
 fn statefulset_pending(obs: &Observation) -> bool {
     obs.stale_objects.contains(&ObjectKind::StatefulSet)
+        || super::storage::sizes::recreate_pending(obs)
 }
 
 #[cfg(test)]
@@ -381,6 +392,7 @@ mod fixtures {
             owner_recorded: true,
             etcd_version: Some(version.into()),
             deleting: false,
+            size: Default::default(),
         };
         Observation {
             tls: true,
@@ -405,7 +417,7 @@ mod fixtures {
             alarms: vec![],
             conflicts: vec![],
             pki_lost: false,
-            storage_change: None,
+            storage: Default::default(),
             requested_version: Some(version.into()),
             downgrade_acknowledged: None,
             version: Default::default(),

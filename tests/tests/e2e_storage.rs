@@ -1,0 +1,443 @@
+//! End to end on real etcd: volumes that grow (docs/storage.md). A
+//! cluster's `spec.storage.size` grows each member's claim, one member at a
+//! time, the StatefulSet is created again around its running pods with the
+//! new claim template, and a quota derived from the size follows once every
+//! volume has the room; a shrink, a class that cannot expand and a class
+//! that cannot be read are refused with nothing written. The runtime plays
+//! the resizer (`ResizeMode`); the tests count what the controller writes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use etcdfleet_api::conditions;
+use etcdfleet_api::{EtcdTuning, StorageSpec};
+use etcdfleet_controllers::etcdcluster::Outcome;
+use etcdfleet_controllers::etcdcluster::plan::Step;
+use etcdfleet_tests::driver::{ConvergeLog, TestController, converge, no_hook};
+use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
+use etcdfleet_tests::fleet::Fleet;
+use etcdfleet_tests::runtime::ResizeMode;
+use etcdfleet_tests::scenario::{
+    NS, WORKLOAD_NS, cluster, controller, converge_all, create, etcd_of, fast_raft, get, patch_spec,
+};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+
+const STS: &str = "etcd-a-etcd";
+
+/// A StorageClass in workload `a`.
+async fn storage_class(fleet: &Fleet, name: &str, expandable: bool) -> Result<()> {
+    let class: StorageClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "provisioner": "example.dev/test",
+        "allowVolumeExpansion": expandable,
+    }))?;
+    Api::<StorageClass>::all(fleet.workload_client("a"))
+        .create(&PostParams::default(), &class)
+        .await?;
+    Ok(())
+}
+
+/// The optional cluster-scoped reads (config/workload-rbac-nodes), which a
+/// growth needs for the StorageClass.
+fn grant_cluster_reads(fleet: &Fleet) -> Result<()> {
+    let dir = etcdfleet_tests::apiserver::kinds::config_dir().join("workload-rbac-nodes");
+    for file in ["cluster_role.yaml", "cluster_role_binding.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file))?;
+        fleet.workload_api("a").add_rbac_yaml(&text)?;
+    }
+    Ok(())
+}
+
+/// `etcd-a`: 3 members on `size` volumes of `class`, the quota half the size.
+async fn create_sized(fleet: &Fleet, class: &str, size: &str) -> Result<TestController> {
+    let mut c = cluster("etcd-a", "a", 3, "3.5.1");
+    c.spec.config.storage = Some(StorageSpec {
+        storage_class_name: Some(class.into()),
+        size: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            size.into(),
+        )),
+    });
+    c.spec.config.etcd = Some(EtcdTuning {
+        quota_backend_percent_of_storage: Some(50),
+        ..fast_raft()
+    });
+    create(fleet, &c).await?;
+    let mut ctl = controller(fleet);
+    converge_all(fleet, &mut ctl, &["etcd-a"]).await?;
+    Ok(ctl)
+}
+
+/// (requested, capacity) of each member claim.
+async fn claims(fleet: &Fleet) -> Result<Vec<(String, String)>> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let mut out = Vec::new();
+    for o in 0..3 {
+        let pvc = api.get(&format!("data-{STS}-{o}")).await?;
+        let requested = (pvc
+            .spec
+            .and_then(|s| s.resources?.requests?.get("storage").cloned()))
+        .context("no request")?;
+        let capacity = (pvc.status.and_then(|s| s.capacity?.get("storage").cloned()))
+            .context("no capacity")?;
+        out.push((requested.0, capacity.0));
+    }
+    Ok(out)
+}
+
+/// Member pods missing, being deleted or not ready.
+async fn members_down(fleet: &Fleet) -> Result<usize> {
+    let api: Api<Pod> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let mut down = 0;
+    for o in 0..3 {
+        let ready = api.get_opt(&format!("{STS}-{o}")).await?.is_some_and(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && (p.status.and_then(|s| s.conditions).into_iter().flatten())
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        down += usize::from(!ready);
+    }
+    Ok(down)
+}
+
+/// Converges `etcd-a`, counting after every runtime sync how many members
+/// are down; returns the log and the most seen down at once.
+async fn converge_counting_down(
+    fleet: &Fleet,
+    ctl: &mut TestController,
+) -> Result<(ConvergeLog, usize)> {
+    let most = Arc::new(AtomicUsize::new(0));
+    let between = || {
+        let most = most.clone();
+        async move {
+            fleet.sync_all().await?;
+            most.fetch_max(members_down(fleet).await?, Ordering::Relaxed);
+            Ok(())
+        }
+    };
+    let log = converge(
+        ctl,
+        &[(NS, "etcd-a")],
+        Duration::from_secs(180),
+        between,
+        no_hook,
+    )
+    .await
+    .with_context(|| fleet.runtime("a").all_pod_logs(30))?;
+    Ok((log, most.load(Ordering::Relaxed)))
+}
+
+fn storage_kinds(log: &ConvergeLog) -> Vec<&'static str> {
+    (log.steps.iter())
+        .filter_map(|(_, s)| match s {
+            Step::Storage(s) => Some(s.kind()),
+            Step::RestartMember { .. } => Some("RestartMember"),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `--quota-backend-bytes` of the StatefulSet's template and of every
+/// member pod.
+async fn quotas(fleet: &Fleet) -> Result<(String, Vec<String>)> {
+    let quota = |spec: Option<&k8s_openapi::api::core::v1::PodSpec>| {
+        (spec
+            .and_then(|s| s.containers.first()?.args.clone())
+            .into_iter()
+            .flatten())
+        .find_map(|a| a.strip_prefix("--quota-backend-bytes=").map(str::to_string))
+        .unwrap_or_default()
+    };
+    let client = fleet.workload_client("a");
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), WORKLOAD_NS)
+        .get(STS)
+        .await?;
+    let pods = Api::<Pod>::namespaced(client, WORKLOAD_NS);
+    let mut members = Vec::new();
+    for o in 0..3 {
+        members.push(quota(pods.get(&format!("{STS}-{o}")).await?.spec.as_ref()));
+    }
+    Ok((quota(sts.spec.template.spec.as_ref()), members))
+}
+
+fn claim_template_size(sts: &StatefulSet) -> Option<String> {
+    let claim = sts.spec.volume_claim_templates.as_ref()?.first()?;
+    Some(
+        claim
+            .spec
+            .as_ref()?
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("storage")?
+            .0
+            .clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resize_grows_every_volume_online_one_member_at_a_time_and_the_quota_follows() -> Result<()>
+{
+    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
+    let fleet = Fleet::new(&["a"]).await?;
+    grant_cluster_reads(&fleet)?;
+    storage_class(&fleet, "expandable", true).await?;
+    let mut ctl = create_sized(&fleet, "expandable", "1Gi").await?;
+    assert_eq!(quotas(&fleet).await?.0, (512u64 << 20).to_string());
+    let sts_uid = Api::<StatefulSet>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+        .get(STS)
+        .await?
+        .uid();
+
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"size": "2Gi"}}),
+    )
+    .await?;
+    let (log, most_down) = converge_counting_down(&fleet, &mut ctl).await?;
+    let report = writer.stop().await?;
+
+    // One claim at a time, then the StatefulSet, then the roll onto the
+    // template (the quota): never two members down at once.
+    assert_eq!(
+        storage_kinds(&log),
+        [
+            "ExpandVolume",
+            "ExpandVolume",
+            "ExpandVolume",
+            "RecreateStatefulSet",
+            "RestartMember",
+            "RestartMember",
+            "RestartMember"
+        ],
+        "{:?}",
+        log.steps
+    );
+    assert!(most_down <= 1, "{most_down} members were down at once");
+    for (requested, capacity) in claims(&fleet).await? {
+        assert_eq!((requested.as_str(), capacity.as_str()), ("2Gi", "2Gi"));
+    }
+    let sts = Api::<StatefulSet>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+        .get(STS)
+        .await?;
+    assert_ne!(sts.uid(), sts_uid, "the StatefulSet was created again");
+    assert_eq!(claim_template_size(&sts).as_deref(), Some("2Gi"));
+    let (template, members) = quotas(&fleet).await?;
+    assert_eq!(template, (1u64 << 30).to_string(), "half of 2Gi");
+    assert_eq!(members, vec![template.clone(); 3]);
+    ensure!(!report.acknowledged.is_empty(), "no write acknowledged");
+    verify_acknowledged(&report, &endpoints, &config, "acked").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn expand_that_needs_a_pod_start_restarts_each_member_once_under_the_quorum_guard()
+-> Result<()> {
+    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
+    let fleet = Fleet::new(&["a"]).await?;
+    grant_cluster_reads(&fleet)?;
+    storage_class(&fleet, "expandable", true).await?;
+    fleet.runtime("a").set_resize(ResizeMode::AtPodStart);
+    let mut ctl = create_sized(&fleet, "expandable", "1Gi").await?;
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"size": "2Gi"}}),
+    )
+    .await?;
+    let (log, most_down) = converge_counting_down(&fleet, &mut ctl).await?;
+    let report = writer.stop().await?;
+    let kinds = storage_kinds(&log);
+    // Each member: its claim expanded, then (its file system waiting for a
+    // pod start) restarted, before the next claim is touched.
+    assert_eq!(
+        kinds[..6],
+        [
+            "ExpandVolume",
+            "RestartForResize",
+            "ExpandVolume",
+            "RestartForResize",
+            "ExpandVolume",
+            "RestartForResize"
+        ],
+        "{:?}",
+        log.steps
+    );
+    assert_eq!(kinds[6], "RecreateStatefulSet");
+    assert!(most_down <= 1, "{most_down} members were down at once");
+    for (requested, capacity) in claims(&fleet).await? {
+        assert_eq!((requested.as_str(), capacity.as_str()), ("2Gi", "2Gi"));
+    }
+    verify_acknowledged(&report, &endpoints, &config, "acked").await?;
+    Ok(())
+}
+
+/// Reconciles three times with nothing else moving, and returns the
+/// workload writes the controller made (none is allowed) and the refusal.
+async fn refused_with_nothing_written(
+    fleet: &Fleet,
+    ctl: &mut TestController,
+) -> Result<(String, String)> {
+    fleet.clear_ops();
+    for _ in 0..3 {
+        let outcome = ctl.reconcile(NS, "etcd-a").await?;
+        ensure!(matches!(outcome, Outcome::Blocked(_)), "{outcome:?}");
+    }
+    let writes: Vec<_> = fleet
+        .writes()
+        .into_iter()
+        .filter(|o| o.cluster == "a")
+        .collect();
+    assert!(writes.is_empty(), "the refusal wrote: {writes:#?}");
+    let status = get(fleet, "etcd-a").await?.status.context("no status")?;
+    let c = conditions::find(&status.conditions, conditions::CONFLICT).context("no Conflict")?;
+    assert_eq!(c.status, "True");
+    Ok((c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shrink_and_a_class_that_cannot_expand_or_be_read_are_refused_with_nothing_written()
+-> Result<()> {
+    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
+    let fleet = Fleet::new(&["a"]).await?;
+    storage_class(&fleet, "fixed", false).await?;
+    let mut ctl = create_sized(&fleet, "fixed", "1Gi").await?;
+
+    // Without the optional RBAC the class cannot be read.
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"size": "2Gi"}}),
+    )
+    .await?;
+    let (reason, message) = refused_with_nothing_written(&fleet, &mut ctl).await?;
+    assert_eq!(reason, "StorageClassUnreadable");
+    assert!(message.contains("config/workload-rbac-nodes"), "{message}");
+
+    // Readable, and it does not allow expansion.
+    grant_cluster_reads(&fleet)?;
+    let (reason, message) = refused_with_nothing_written(&fleet, &mut ctl).await?;
+    assert_eq!(reason, "StorageNotExpandable");
+    assert!(
+        message.contains("StorageClass \"fixed\" does not set allowVolumeExpansion: true"),
+        "{message}"
+    );
+
+    // A shrink.
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"size": "512Mi"}}),
+    )
+    .await?;
+    let (reason, message) = refused_with_nothing_written(&fleet, &mut ctl).await?;
+    assert_eq!(reason, "StorageShrink");
+    assert!(
+        message.contains("512Mi is smaller than the members' volumes"),
+        "{message}"
+    );
+
+    // Back to the size the volumes have: nothing to do, no refusal.
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"size": "1Gi"}}),
+    )
+    .await?;
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    assert!(!conditions::is_true(
+        &status.conditions,
+        conditions::CONFLICT
+    ));
+    for (requested, capacity) in claims(&fleet).await? {
+        assert_eq!((requested.as_str(), capacity.as_str()), ("1Gi", "1Gi"));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resize_cures_a_nospace_alarm_when_the_quota_follows_the_size() -> Result<()> {
+    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
+    let fleet = Fleet::new(&["a"]).await?;
+    grant_cluster_reads(&fleet)?;
+    storage_class(&fleet, "expandable", true).await?;
+    // 8Mi volumes, a 4 MiB quota.
+    let mut ctl = create_sized(&fleet, "expandable", "8Mi").await?;
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let mut kv = etcdfleet_controllers::etcd::ClusterClient::connect(&endpoints, &config)
+        .await?
+        .kv();
+    // Distinct keys: live data, which compaction cannot give back.
+    let value = vec![b'x'; 128 * 1024];
+    let mut written = 0;
+    loop {
+        match kv.put(format!("live/{written}"), value.clone(), None).await {
+            Ok(_) => written += 1,
+            Err(e) if e.to_string().contains("space exceeded") => break,
+            Err(e) => return Err(e.into()),
+        }
+        ensure!(written < 100, "etcd never raised NOSPACE");
+    }
+
+    // Compaction and defragmentation cannot cure it; the error says how.
+    fleet.sync_all().await?;
+    let err = ctl.reconcile(NS, "etcd-a").await.unwrap_err().to_string();
+    assert!(err.contains("NOSPACE persists"), "{err}");
+    assert!(err.contains("grow spec.storage.size"), "{err}");
+
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"size": "32Mi"}}),
+    )
+    .await?;
+    let log = converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let kinds: Vec<&str> = log.steps.iter().map(|(_, s)| s.kind()).collect();
+    let grow = kinds
+        .iter()
+        .position(|k| *k == "RecreateStatefulSet")
+        .context("no re-creation")?;
+    let cure = kinds
+        .iter()
+        .position(|k| *k == "RecoverFromNoSpace")
+        .context("no NOSPACE cure")?;
+    assert!(
+        grow < cure,
+        "the volumes grow before the alarm is cured: {kinds:?}"
+    );
+    assert_eq!(quotas(&fleet).await?.1, vec![(16u64 << 20).to_string(); 3]);
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    assert!(conditions::is_true(
+        &status.conditions,
+        conditions::AVAILABLE
+    ));
+    kv.put("after-growth", "ok", None).await?;
+    let all = kv
+        .get(
+            "live/",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
+        )
+        .await?;
+    assert_eq!(
+        all.count(),
+        written,
+        "every key written before NOSPACE is kept"
+    );
+    Ok(())
+}
