@@ -114,14 +114,16 @@ pub struct EtcdConfig {
     pub recovery: Option<crate::recovery::RecoverySpec>,
 }
 
-/// Persistent volume of each member. On an `EtcdCluster` the class is
-/// immutable once set and the size may only grow (the rules live on
-/// `EtcdClusterSpec` and in the controller, so templates stay editable:
+/// Persistent volume of each member. On an `EtcdCluster` the class may
+/// change and the size may only grow, neither may be removed (the rules live
+/// on `EtcdClusterSpec` and in the controller, so templates stay editable:
 /// editing a template never changes an existing cluster).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
-    /// StorageClass of the member PersistentVolumeClaims; immutable once set on a cluster.
+    /// StorageClass of the member PersistentVolumeClaims. On a cluster a new
+    /// class moves the members to it one at a time (docs/storage.md); it
+    /// cannot be removed once set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
 
@@ -276,11 +278,12 @@ pub struct TemplateRef {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.clusterRef) != has(self.kubeconfigSecretRef)").message("exactly one of clusterRef or kubeconfigSecretRef must be set"))]
-// Storage immutability: transition rules on the spec (not on `StorageSpec`,
-// which templates share) so that a value may be set the first time (by the
-// user or by materialization) but never changed or removed afterwards,
-// including by removing `storage` as a whole.
-#[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.storageClassName) || (has(self.storage) && has(self.storage.storageClassName) && self.storage.storageClassName == oldSelf.storage.storageClassName)").message("storage.storageClassName is immutable once set: it can be neither changed nor removed").field_path(".storage.storageClassName"))]
+// Storage: transition rules on the spec (not on `StorageSpec`, which
+// templates share) so that a value may be set the first time (by the user
+// or by materialization) and changed afterwards (the controller moves the
+// members to another class and grows the volumes, docs/storage.md), but
+// never removed, including by removing `storage` as a whole.
+#[x_kube(validation = Rule::new("!has(oldSelf.storage) || !has(oldSelf.storage.storageClassName) || (has(self.storage) && has(self.storage.storageClassName))").message("storage.storageClassName cannot be removed once set").field_path(".storage.storageClassName"))]
 // Identity: which workload cluster, which namespace in it, and whether etcd
 // speaks TLS decide *which* etcd this is. Moving any of them on a running
 // cluster would bootstrap a second, empty etcd (or lock the controller out),

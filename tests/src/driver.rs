@@ -45,6 +45,8 @@ pub fn fast_settings() -> ReconcilerSettings {
         // A file system that grows only at a pod start is not waited for
         // long (the runtime never grows one online in that mode).
         resize_restart_after: Duration::from_secs(2),
+        // A claim the runtime leaves unbound is reported soon.
+        unbound_after: Duration::from_secs(2),
     }
 }
 

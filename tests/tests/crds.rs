@@ -430,8 +430,9 @@ fn cel_names_must_not_be_empty() {
 }
 
 #[test]
-fn cel_storage_class_is_immutable_and_size_cannot_be_removed_once_set() {
-    const CLASS_MSG: &str = "spec.storage.storageClassName: storage.storageClassName is immutable once set: it can be neither changed nor removed";
+fn cel_storage_class_and_size_may_change_but_not_be_removed_once_set() {
+    const CLASS_MSG: &str =
+        "spec.storage.storageClassName: storage.storageClassName cannot be removed once set";
     const SIZE_MSG: &str = "spec.storage.size: storage.size cannot be removed once set";
     let unset = with_ref("");
     let set = with_ref("  storage: {storageClassName: fast, size: 20Gi}\n");
@@ -445,12 +446,11 @@ fn cel_storage_class_is_immutable_and_size_cannot_be_removed_once_set() {
     assert!(set.validate_cel_update(&set).is_ok());
     let grown = with_ref("  storage: {storageClassName: fast, size: 40Gi}\n");
     assert!(grown.validate_cel_update(&set).is_ok());
+    // Another class: the controller moves the members to it.
+    let moved = with_ref("  storage: {storageClassName: slow, size: 20Gi}\n");
+    assert!(moved.validate_cel_update(&set).is_ok());
 
     let cases = [
-        (
-            "  storage: {storageClassName: slow, size: 20Gi}\n",
-            vec![CLASS_MSG],
-        ),
         ("  storage: {size: 20Gi}\n", vec![CLASS_MSG]),
         ("  storage: {storageClassName: fast}\n", vec![SIZE_MSG]),
         ("", vec![CLASS_MSG, SIZE_MSG]),

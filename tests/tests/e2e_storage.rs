@@ -441,3 +441,197 @@ async fn resize_cures_a_nospace_alarm_when_the_quota_follows_the_size() -> Resul
     );
     Ok(())
 }
+
+/// (name, class) of every claim of `etcd-a`, by name.
+async fn claim_classes(fleet: &Fleet) -> Result<Vec<(String, String)>> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let mut out: Vec<(String, String)> = (api.list(&Default::default()).await?.items.iter())
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let class = p.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+            (p.name_any(), class.unwrap_or_default())
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+async fn cluster_id(
+    endpoints: &[String],
+    config: &etcdfleet_controllers::etcd::EtcdConfig,
+) -> Result<u64> {
+    let client = etcdfleet_controllers::etcd::ClusterClient::connect(endpoints, config).await?;
+    Ok(client.leader().await?.1.cluster_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storage_class_move_replaces_members_one_at_a_time_through_a_controller_restart()
+-> Result<()> {
+    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
+    let fleet = Fleet::new(&["a"]).await?;
+    grant_cluster_reads(&fleet)?;
+    storage_class(&fleet, "old", false).await?;
+    storage_class(&fleet, "new", false).await?;
+    let mut ctl = create_sized(&fleet, "old", "1Gi").await?;
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
+    let id = cluster_id(&endpoints, &config).await?;
+    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"storageClassName": "new"}}),
+    )
+    .await?;
+
+    // A fresh controller (nothing in memory) after every membership step.
+    let most = Arc::new(AtomicUsize::new(0));
+    let between = || {
+        let most = most.clone();
+        let fleet = &fleet;
+        async move {
+            fleet.sync_all().await?;
+            most.fetch_max(members_down(fleet).await?, Ordering::Relaxed);
+            Ok(())
+        }
+    };
+    let mut restarts = 0;
+    let restart = |_: &str, step: &Step, ctl: &mut TestController| {
+        if matches!(step, Step::RemoveMember { .. } | Step::AddLearner { .. }) {
+            *ctl = controller(&fleet);
+            restarts += 1;
+        }
+        Ok(())
+    };
+    let log = converge(
+        &mut ctl,
+        &[(NS, "etcd-a")],
+        Duration::from_secs(240),
+        between,
+        restart,
+    )
+    .await
+    .with_context(|| fleet.runtime("a").all_pod_logs(30))?;
+    let report = writer.stop().await?;
+
+    let kinds: Vec<String> = (log.steps.iter())
+        .filter_map(|(_, s)| match s {
+            Step::Storage(s) => Some(s.kind().to_string()),
+            Step::AddLearner { ordinal } => Some(format!("AddLearner {ordinal}")),
+            Step::RemoveMember { ordinal, cause, .. } => {
+                Some(format!("Remove {} {cause:?}", ordinal.unwrap_or(99)))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "RecreateStatefulSet",
+            "AddLearner 3",
+            "Remove 2 StorageClassMove",
+            "AddLearner 2",
+            "Remove 1 StorageClassMove",
+            "AddLearner 1",
+            "Remove 0 StorageClassMove",
+            "AddLearner 0",
+            "Remove 3 ScaleDown"
+        ],
+        "{:?}",
+        log.steps
+    );
+    assert!(restarts >= 8, "{restarts} restarts");
+    assert!(
+        most.load(Ordering::Relaxed) <= 1,
+        "two members were down at once"
+    );
+    let new = |o: u32| (format!("data-{STS}-{o}"), "new".to_string());
+    assert_eq!(claim_classes(&fleet).await?, vec![new(0), new(1), new(2)]);
+    let sts = Api::<StatefulSet>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+        .get(STS)
+        .await?;
+    let template = sts
+        .spec
+        .volume_claim_templates
+        .as_ref()
+        .context("no claim template")?;
+    let class = template[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone());
+    assert_eq!(class.as_deref(), Some("new"));
+    assert_eq!(sts.spec.replicas, Some(3));
+    assert_eq!(
+        cluster_id(&endpoints, &config).await?,
+        id,
+        "the same etcd cluster"
+    );
+    ensure!(!report.acknowledged.is_empty(), "no write acknowledged");
+    verify_acknowledged(&report, &endpoints, &config, "acked").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storage_class_that_cannot_provision_holds_the_move_naming_the_class_and_the_event()
+-> Result<()> {
+    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
+    let fleet = Fleet::new(&["a"]).await?;
+    grant_cluster_reads(&fleet)?;
+    storage_class(&fleet, "old", false).await?;
+    storage_class(&fleet, "broken", false).await?;
+    fleet.runtime("a").set_provisioning("broken", false);
+    let mut ctl = create_sized(&fleet, "old", "1Gi").await?;
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"storageClassName": "broken"}}),
+    )
+    .await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let held = loop {
+        fleet.sync_all().await?;
+        if let Outcome::Held(why) = ctl.reconcile(NS, "etcd-a").await? {
+            break why;
+        }
+        ensure!(std::time::Instant::now() < deadline, "the move never held");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(
+        held.contains("the move to StorageClass broken waits"),
+        "{held}"
+    );
+    assert!(
+        held.contains(&format!("the volume of {STS}-3 is not provisioned")),
+        "{held}"
+    );
+    assert!(
+        held.contains("ProvisioningFailed: no volume can be provisioned"),
+        "{held}"
+    );
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    let progressing =
+        conditions::find(&status.conditions, conditions::PROGRESSING).context("no Progressing")?;
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("False", "NeedsAttention")
+    );
+    assert_eq!(progressing.message, held);
+    // Every member still serves on its old volume.
+    for o in 0..3 {
+        let (name, class) = &claim_classes(&fleet).await?[o];
+        assert_eq!(
+            (name.as_str(), class.as_str()),
+            (format!("data-{STS}-{o}").as_str(), "old")
+        );
+    }
+    assert_eq!(members_down(&fleet).await?, 0);
+
+    // The provisioner fixed: the move goes on to the end.
+    fleet.runtime("a").set_provisioning("broken", true);
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    let broken = |o: u32| (format!("data-{STS}-{o}"), "broken".to_string());
+    assert_eq!(
+        claim_classes(&fleet).await?,
+        vec![broken(0), broken(1), broken(2)]
+    );
+    Ok(())
+}

@@ -419,7 +419,7 @@ fn volumes_from_status(
         size: inputs.storage_size.clone(),
         class: inputs.storage_class.clone(),
         template: Some((inputs.storage_class.clone(), Some(have.clone()))),
-        expansion: Default::default(),
+        ..StorageObservation::default()
     }
 }
 
@@ -636,10 +636,14 @@ pub fn describe_plan(plan: &Plan, obs: &Observation) -> String {
             match cause {
                 RemovalCause::ScaleDown => "scale",
                 RemovalCause::Failed => "repair",
+                RemovalCause::StorageClassMove => "storage",
             },
             pod_of(*member_id),
             match cause {
                 RemovalCause::ScaleDown => " to shrink the cluster".to_string(),
+                RemovalCause::StorageClassMove => {
+                    " : its volume is on the StorageClass the cluster moves off".to_string()
+                }
                 RemovalCause::Failed => {
                     " : it has been unhealthy past the failure grace period".to_string()
                 }

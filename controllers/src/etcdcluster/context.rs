@@ -52,6 +52,9 @@ pub struct ReconcilerSettings {
     /// its pod runs (the kubelet grows it online when the driver can)
     /// before the member is restarted so it grows at the pod's next start.
     pub resize_restart_after: Duration,
+    /// How long a member claim may stay unbound (provisioning takes
+    /// seconds) before its events are read and a move to its class holds.
+    pub unbound_after: Duration,
 }
 
 impl Default for ReconcilerSettings {
@@ -85,6 +88,7 @@ impl ReconcilerSettings {
             ca_rotate_before: (config.ca_rotate_before_days > 0)
                 .then(|| Duration::from_secs(config.ca_rotate_before_days * 86400)),
             resize_restart_after: Duration::from_secs(30),
+            unbound_after: Duration::from_secs(60),
         }
     }
 }

@@ -78,6 +78,8 @@ pub fn check_update(kind: &str, old: &Value, new: &Value) -> Vec<Cause> {
                     .as_str()
                     .and_then(quantity_bytes)
             };
+            // Binding sets volumeName on a claim that had none.
+            let unbound = old["spec"]["volumeName"].as_str().is_none_or(str::is_empty);
             let rest = |v: &Value| {
                 let mut spec = v["spec"].clone();
                 if let Some(req) = spec
@@ -85,6 +87,9 @@ pub fn check_update(kind: &str, old: &Value, new: &Value) -> Vec<Cause> {
                     .and_then(Value::as_object_mut)
                 {
                     req.remove("storage");
+                }
+                if unbound && let Some(spec) = spec.as_object_mut() {
+                    spec.remove("volumeName");
                 }
                 without(&spec, &["volumeAttributesClassName"])
             };

@@ -199,6 +199,7 @@ impl WorkloadRuntime {
                 host_volumes: Mutex::new(BTreeSet::new()),
                 exiting: Mutex::new(Duration::ZERO),
                 resize: Mutex::new(ResizeMode::default()),
+                unprovisioned: Mutex::new(BTreeSet::new()),
                 state: tokio::sync::Mutex::new(State {
                     hosts_content: base,
                     ..State::default()
@@ -342,6 +343,17 @@ impl WorkloadRuntime {
     /// How claims that grow get their room from now on (emulated mode).
     pub fn set_resize(&self, mode: ResizeMode) {
         *self.inner.resize.lock().expect("lock") = mode;
+    }
+
+    /// Whether claims of StorageClass `class` get a volume from now on
+    /// (emulated mode): an unprovisioned claim stays `Pending`, with a
+    /// `ProvisioningFailed` event, and its pod waits.
+    pub fn set_provisioning(&self, class: &str, provisions: bool) {
+        let mut classes = self.inner.unprovisioned.lock().expect("lock");
+        match provisions {
+            true => classes.remove(class),
+            false => classes.insert(class.to_string()),
+        };
     }
 
     pub fn resolve(&self, host: &str) -> Option<Ipv4Addr> {

@@ -1,15 +1,17 @@
-//! Volume expansion in emulated mode (the external resizer and the
-//! kubelet's file system resize, played together): a claim whose request
-//! grew past its capacity grows ([`ResizeMode`]). The volume is a host
+//! Claims in emulated mode: provisioning (a claim left unbound on a class
+//! that does not provision gets a `ProvisioningFailed` event, and is bound
+//! once its class provisions again), and volume expansion (the external
+//! resizer and the kubelet's file system resize, played together): a claim
+//! whose request grew past its capacity grows ([`ResizeMode`]). The volume is a host
 //! directory, so only the claim's status changes. The API server's own
 //! refusal of a claim whose StorageClass does not allow expansion is not
 //! played: the controller must not ask (the tests count its writes).
 
 use anyhow::Result;
 use etcdfleet_api::quantity;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::state::{Inner, ResizeMode, now_rfc3339};
@@ -17,6 +19,80 @@ use super::state::{Inner, ResizeMode, now_rfc3339};
 const PENDING: &str = "FileSystemResizePending";
 
 impl Inner {
+    /// Whether claims of `class` get a volume.
+    pub(super) fn provisions(&self, class: Option<&str>) -> bool {
+        let unprovisioned = self.unprovisioned.lock().expect("lock");
+        class.is_none_or(|c| !unprovisioned.contains(c))
+    }
+
+    /// Unbound claims: bound once their class provisions, else an event
+    /// says why (once).
+    pub(super) async fn run_provisioner(&self) -> Result<()> {
+        let claims = Api::<PersistentVolumeClaim>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        for claim in claims.iter().filter(|c| {
+            c.spec.as_ref().is_some_and(|s| s.volume_name.is_none())
+                && c.metadata.deletion_timestamp.is_none()
+        }) {
+            let ns = claim.namespace().unwrap_or_default();
+            let spec = claim.spec.clone().unwrap_or_default();
+            let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns);
+            if !self.provisions(spec.storage_class_name.as_deref()) {
+                self.provisioning_failed(claim).await?;
+                continue;
+            }
+            let volume = format!(
+                "pv-{ns}-{}-{}",
+                claim.name_any(),
+                super::statefulset::next_volume()
+            );
+            let patch = json!({ "spec": { "volumeName": volume } });
+            api.patch(
+                &claim.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await?;
+            let requests = spec.resources.and_then(|r| r.requests);
+            let status = json!({ "status": {
+                "phase": "Bound", "accessModes": spec.access_modes, "capacity": requests,
+            } });
+            api.patch_status(
+                &claim.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(status),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The `ProvisioningFailed` event of an unbound claim, made once.
+    async fn provisioning_failed(&self, claim: &PersistentVolumeClaim) -> Result<()> {
+        let ns = claim.namespace().unwrap_or_default();
+        let name = format!("{}.provisioning", claim.name_any());
+        let event: Event = serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": ns },
+            "involvedObject": {
+                "kind": "PersistentVolumeClaim", "namespace": ns,
+                "name": claim.name_any(), "uid": claim.uid(),
+            },
+            "reason": "ProvisioningFailed",
+            "message": "no volume can be provisioned for this class",
+            "type": "Warning",
+            "lastTimestamp": now_rfc3339(),
+        }))?;
+        match Api::<Event>::namespaced(self.client.clone(), &ns)
+            .create(&PostParams::default(), &event)
+            .await
+        {
+            Err(e) if !super::state::is_status_code(&e, 409) => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
     pub(super) async fn run_resizer(&self) -> Result<()> {
         let mode = *self.resize.lock().expect("lock");
         let lp = ListParams::default();

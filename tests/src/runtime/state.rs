@@ -127,6 +127,8 @@ pub(super) struct Inner {
     pub(super) exiting: Mutex<Duration>,
     /// How a grown claim's file system grows (emulated mode).
     pub(super) resize: Mutex<ResizeMode>,
+    /// StorageClasses whose claims stay unbound (emulated mode).
+    pub(super) unprovisioned: Mutex<BTreeSet<String>>,
 }
 
 impl Drop for Inner {
@@ -172,6 +174,7 @@ impl Inner {
             return self.run_kubelet(&mut state).await;
         }
         self.run_statefulsets().await?;
+        self.run_provisioner().await?;
         self.run_resizer().await?;
         self.run_kubelet(&mut state).await?;
         self.update_statefulset_status().await?;

@@ -183,8 +183,11 @@ impl Inner {
         let mut spec = template.spec.clone().unwrap_or_default();
         // Bound at once, as a provisioner binds it: to a volume of its own
         // (no PersistentVolume object stands behind it unless a test makes
-        // one).
-        spec.volume_name = Some(format!("pv-{ns}-{claim}-{}", next_volume()));
+        // one); left Pending on a class that does not provision (below).
+        let provisions = self.provisions(spec.storage_class_name.as_deref());
+        if provisions {
+            spec.volume_name = Some(format!("pv-{ns}-{claim}-{}", next_volume()));
+        }
         let pvc = json!({
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
@@ -195,11 +198,11 @@ impl Inner {
                 "annotations": template.annotations(),
             },
             "spec": spec,
-            "status": {
+            "status": if provisions { json!({
                 "phase": "Bound",
                 "accessModes": spec.access_modes,
                 "capacity": spec.resources.as_ref().and_then(|r| r.requests.clone()),
-            },
+            }) } else { json!({ "phase": "Pending" }) },
         });
         let pvc: PersistentVolumeClaim = serde_json::from_value(pvc)?;
         match Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns)
@@ -384,7 +387,7 @@ async fn delete_tolerant(api: &Api<Pod>, name: &str) -> Result<()> {
 
 /// A number no volume of this process had: a claim made again gets a new
 /// volume, as from a provisioner.
-fn next_volume() -> u64 {
+pub(super) fn next_volume() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

@@ -37,6 +37,16 @@ impl Inner {
         claim: &PersistentVolumeClaim,
     ) -> Result<Option<PathBuf>> {
         match self.mode {
+            // Unbound (its class does not provision): no volume yet.
+            Mode::Emulated
+                if claim
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.volume_name.as_ref())
+                    .is_none() =>
+            {
+                Ok(None)
+            }
             Mode::Emulated => Ok(Some(self.pvc_dir(ns, &claim.name_any()))),
             Mode::Nodes(_) => {
                 let Some(volume) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()) else {

@@ -177,7 +177,7 @@ pub async fn observe(
     let read = recovery::read(who, policy, &status, members_reached, workload, ctx);
     let recovery = Box::pin(read).await;
     let sts = statefulset.statefulset.as_ref();
-    let at = (now, ctx.settings.resize_restart_after);
+    let at = storage::Waits::of(now, &ctx.settings);
     let (mut claims, storage) = storage::read(workload, inputs, sts, &members.pvcs, at).await;
 
     let readings = Readings {

@@ -44,7 +44,7 @@ pub use observation::{
     Observation, PodObservation, ProbedPort, PvcObservation, READY_POD_GRACE_FACTOR,
     RecoveryObservation, RestoreGate, StatefulSetObservation, TrustProbe, VersionObservation,
 };
-pub use observation::{ClaimSize, Expansion, StorageObservation};
+pub use observation::{ClaimSize, Expansion, StorageObservation, TargetClass};
 pub use quorum::{CutOff, QUORUM_LOSS_HELP, QuorumView, quorum_view};
 pub use step::{
     ObjectKind, Plan, RecoveryPlan, RecoveryStep, Refusal, RemovalCause, Step, StorageStep,
@@ -74,6 +74,10 @@ pub const RULES: &[(&str, Rule)] = &[
     ),
     ("lost PKI", O(guards::pki_lost)),
     ("storage change refused", O(storage::refused)),
+    (
+        "a volume the new StorageClass does not provision",
+        O(storage::moves::unprovisioned),
+    ),
     (
         "a version the volumes' data forbids",
         O(guards::version_forbidden_by_volumes),
@@ -137,6 +141,12 @@ pub const RULES: &[(&str, Rule)] = &[
     ("adoption: take over", M(adopt::take_over)),
     ("foreign members", M(scale::foreign_members)),
     ("scale up", M(scale::scale_up)),
+    // A move to another StorageClass: the StatefulSet re-created, then one
+    // member at a time replaced through the spare the scale rules add.
+    (
+        "move members to the new StorageClass",
+        M(storage::moves::move_members),
+    ),
     // Version and configuration. While the roll waits for a restarted
     // member, the records of those already restarted are written.
     (
@@ -166,6 +176,9 @@ pub const RULES: &[(&str, Rule)] = &[
 
 /// Decides the next step: the first rule of [`RULES`] that answers. Pure.
 pub fn plan_next_step(obs: &Observation) -> Plan {
+    // A move to another StorageClass counts its spare in the desired size.
+    let spared = storage::moves::with_spare(obs);
+    let obs = spared.as_ref().unwrap_or(obs);
     let members = Members::of(obs);
     for (_, rule) in RULES {
         let answer = match rule {

@@ -313,6 +313,8 @@ pub struct ClaimSize {
     pub restart_pending: bool,
     /// The last resize error Kubernetes reported on the claim, if any.
     pub error: Option<String>,
+    /// Unbound for a while: why (its newest event, or how long).
+    pub unprovisioned: Option<String>,
 }
 
 /// The storage the spec asks for and the storage the StatefulSet has.
@@ -327,6 +329,25 @@ pub struct StorageObservation {
     /// Whether the members' StorageClass lets a claim grow: read only
     /// while a claim is smaller than the spec asks.
     pub expansion: Expansion,
+    /// The StorageClass the spec asks for, read only while the StatefulSet's
+    /// claim template names another.
+    pub target: TargetClass,
+    /// While the members move to another StorageClass, the ordinal of the
+    /// spare member the move adds (the spec's size): set by the planner,
+    /// which counts the spare in the desired size meanwhile.
+    pub spare: Option<u32>,
+}
+
+/// The StorageClass a move goes to, as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TargetClass {
+    /// Not read: no move is to start.
+    #[default]
+    NotRead,
+    Exists,
+    Missing,
+    /// It could not be read, and why.
+    Unreadable(String),
 }
 
 /// What the members' StorageClass says about growing a claim.

@@ -43,6 +43,9 @@ impl From<etcdfleet_api::restore::Refusal> for Refusal {
 pub enum RemovalCause {
     ScaleDown,
     Failed,
+    /// Its volume is on the StorageClass the cluster moves off; its ordinal
+    /// rejoins on the new one.
+    StorageClassMove,
 }
 
 /// One action on the workload cluster or on etcd.
@@ -311,6 +314,7 @@ impl fmt::Display for Step {
                 match cause {
                     RemovalCause::ScaleDown => "scale-down",
                     RemovalCause::Failed => "failure",
+                    RemovalCause::StorageClassMove => "a move to another StorageClass",
                 }
             ),
             Step::DeletePvc { ordinal } => write!(f, "delete the PVC of removed ordinal {ordinal}"),
@@ -573,7 +577,7 @@ pub enum StorageStep {
     RestartForResize { ordinal: u32, member_id: u64 },
     /// Delete the StatefulSet, leaving its pods and claims running, so the
     /// next write creates it with claim templates of `size`.
-    RecreateStatefulSet { size: String },
+    RecreateStatefulSet { class: Option<String>, size: String },
 }
 
 impl StorageStep {
@@ -596,9 +600,13 @@ impl fmt::Display for StorageStep {
                 f,
                 "restart member {member_id:x} (ordinal {ordinal}) so its file system grows"
             ),
-            StorageStep::RecreateStatefulSet { size } => write!(
+            StorageStep::RecreateStatefulSet { class, size } => write!(
                 f,
-                "re-create the StatefulSet around its running pods with {size} volume claims"
+                "re-create the StatefulSet around its running pods with {size} volume claims{}",
+                class
+                    .as_ref()
+                    .map(|c| format!(" of StorageClass {c}"))
+                    .unwrap_or_default()
             ),
         }
     }

@@ -7,11 +7,14 @@
 //! that cannot expand and a change of class are refused before anything is
 //! written. See docs/storage.md.
 
+pub mod moves;
+pub mod overlap;
 pub mod sizes;
 
 use super::members::Members;
 use super::observation::{Expansion, Observation};
 use super::step::{Plan, Refusal, Step, StorageStep};
+use overlap::waits_for;
 use sizes::{Sizes, sizes};
 
 /// Rule: a storage change the volumes cannot take is refused, and nothing
@@ -22,18 +25,8 @@ pub(super) fn refused(obs: &Observation) -> Option<Plan> {
     if s.size.is_empty() {
         return None; // not observed (`plan` without the workload cluster)
     }
-    if let Some((class, _)) = &s.template
-        && *class != s.class
-    {
-        return Some(refuse(
-            "StorageImmutable",
-            format!(
-                "spec.storage.storageClassName asks for {:?}, but the members' volumes are class \
-                 {class:?}; the class of a cluster's volumes cannot change, so nothing is written. \
-                 Revert spec.storage.storageClassName",
-                s.class
-            ),
-        ));
+    if let Some(plan) = moves::refused(obs) {
+        return Some(plan);
     }
     let sizes = match sizes(obs) {
         Ok(sizes) => sizes,
@@ -52,6 +45,10 @@ pub(super) fn refused(obs: &Observation) -> Option<Plan> {
         ));
     }
     sizes.claim_to_expand()?;
+    // Volumes a move replaces do not grow.
+    if moves::move_pending(obs) || s.spare.is_some() {
+        return None;
+    }
     not_expandable(&s.expansion, &s.size)
 }
 
@@ -92,11 +89,15 @@ fn refuse(reason: &'static str, message: String) -> Plan {
 /// time, then the StatefulSet's claim template.
 pub(super) fn grow(m: &Members) -> Option<Plan> {
     let obs = m.obs;
+    // A move to another class replaces the volumes: none of them grows.
+    if moves::move_pending(obs) || obs.storage.spare.is_some() {
+        return None;
+    }
     let sizes = sizes(obs).ok()?;
     if !sizes.claims_growing() && !sizes.template_left() {
         return None;
     }
-    if let Some(why) = waits_for(m, &sizes) {
+    if let Some(why) = waits_for(m, sizes.started()) {
         return Some(Plan::Wait(format!(
             "volume growth to {} waits: {why}",
             obs.storage.size
@@ -128,41 +129,8 @@ pub(super) fn grow(m: &Members) -> Option<Plan> {
             "re-creating the StatefulSet waits: {why}"
         )));
     }
-    Some(act(StorageStep::RecreateStatefulSet { size }))
-}
-
-/// What a growth waits for before its next step: a change it must not
-/// overlap (one that began first).
-fn waits_for(m: &Members, sizes: &Sizes) -> Option<String> {
-    let obs = m.obs;
-    if obs
-        .recovery
-        .record
-        .as_ref()
-        .is_some_and(|r| r.in_progress())
-    {
-        return Some("a quorum-loss recovery is under way".into());
-    }
-    if obs.adoption.is_some() {
-        return Some("the takeover of the running etcd is not complete".into());
-    }
-    let begun = sizes.started();
-    if !begun && let Some((from, to)) = &obs.version.minor_change {
-        return Some(format!("the change of version {from} → {to} comes first"));
-    }
-    if !begun
-        && obs
-            .ca_rotation
-            .record
-            .as_ref()
-            .is_some_and(|r| r.in_progress())
-    {
-        return Some("the CA rotation under way comes first".into());
-    }
-    if !begun && obs.pods.keys().any(|o| m.outdated(*o)) {
-        return Some("members are being rolled onto the StatefulSet's template".into());
-    }
-    None
+    let class = obs.storage.class.clone();
+    Some(act(StorageStep::RecreateStatefulSet { class, size }))
 }
 
 /// A member volume growing now: its file system waits for a restart (one

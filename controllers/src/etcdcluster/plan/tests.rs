@@ -113,7 +113,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
             size: "8Gi".into(),
             class: None,
             template: Some((None, Some("8Gi".into()))),
-            expansion: Expansion::NotRead,
+            ..StorageObservation::default()
         },
         requested_version: None,
         downgrade_acknowledged: None,
@@ -746,7 +746,8 @@ fn lost_pki_and_untakeable_storage_changes_are_refused() {
     assert_eq!(refused(plan_next_step(&obs)).reason, "PkiLost");
     let mut obs = converged(3, 3);
     obs.storage.class = Some("fast".into());
-    assert_eq!(refused(plan_next_step(&obs)).reason, "StorageImmutable");
+    obs.storage.target = TargetClass::Missing;
+    assert_eq!(refused(plan_next_step(&obs)).reason, "StorageClassMissing");
 }
 
 #[test]

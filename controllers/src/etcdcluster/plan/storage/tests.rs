@@ -1,8 +1,10 @@
 //! The storage rules, through the whole policy ([`plan_next_step`]): what a
 //! growth does next, what it waits for, what is refused.
 
+use super::super::observation::TargetClass;
 use super::super::plan_next_step;
-use super::super::tests::{converged, member, with_members};
+use super::super::step::RemovalCause;
+use super::super::tests::{IMG, converged, member, pod, with_members};
 use super::*;
 use crate::etcd::{Alarm, AlarmKind};
 
@@ -66,6 +68,7 @@ fn a_growth_expands_one_claim_at_a_time_then_recreates_the_statefulset() {
     assert_eq!(
         step(&obs),
         StorageStep::RecreateStatefulSet {
+            class: None,
             size: "16Gi".into()
         }
     );
@@ -235,10 +238,17 @@ fn a_growth_the_class_cannot_take_is_refused_naming_the_class() {
 }
 
 #[test]
-fn a_change_of_class_and_a_size_that_is_no_quantity_are_refused() {
+fn a_move_to_no_class_or_a_missing_one_and_a_size_that_is_no_quantity_are_refused() {
     let mut obs = converged(3, 3);
-    obs.storage.class = Some("fast".into());
+    obs.storage.template = Some((Some("old".into()), Some("8Gi".into())));
     assert_eq!(refusal(&obs).reason, "StorageImmutable");
+    obs.storage.class = Some("new".into());
+    obs.storage.target = TargetClass::Missing;
+    let r = refusal(&obs);
+    assert_eq!(r.reason, "StorageClassMissing");
+    assert!(r.message.contains("\"new\""), "{}", r.message);
+    obs.storage.target = TargetClass::Unreadable("forbidden".into());
+    assert_eq!(refusal(&obs).reason, "StorageClassUnreadable");
     let mut obs = converged(3, 3);
     obs.storage.size = "lots".into();
     let r = refusal(&obs);
@@ -336,5 +346,143 @@ fn nospace_lets_a_roll_onto_a_grown_quota_go_first() {
     assert!(matches!(
         plan_next_step(&obs),
         Plan::Act(Step::RestartMember { ordinal: 1, .. })
+    ));
+}
+
+/// A converged 3-member cluster on class `old`, asked to move to `new`.
+fn asked_to_move() -> Observation {
+    let mut obs = converged(3, 3);
+    obs.storage.class = Some("new".into());
+    obs.storage.template = Some((Some("old".into()), Some("8Gi".into())));
+    obs.storage.target = TargetClass::Exists;
+    for pvc in obs.pvcs.values_mut() {
+        pvc.size.class = Some("old".into());
+    }
+    obs
+}
+
+/// The claim of `ordinal` on `class`, recorded for member `100 + ordinal`
+/// (or no member yet).
+fn volume(obs: &mut Observation, ordinal: u32, class: &str, member: bool) {
+    let pvc = obs.pvcs.entry(ordinal).or_default();
+    pvc.size.class = Some(class.into());
+    pvc.member_id = member.then_some(100 + u64::from(ordinal));
+    pvc.owner_recorded = true;
+}
+
+#[test]
+fn a_move_recreates_the_statefulset_adds_a_spare_then_replaces_members_leader_last() {
+    let mut obs = asked_to_move();
+    assert_eq!(
+        step(&obs),
+        StorageStep::RecreateStatefulSet {
+            class: Some("new".into()),
+            size: "8Gi".into()
+        }
+    );
+    // Created again with the new class: the spare joins at ordinal 3.
+    obs.storage.template = Some((Some("new".into()), Some("8Gi".into())));
+    obs.storage.target = TargetClass::NotRead;
+    assert_eq!(
+        plan_next_step(&obs),
+        Plan::Act(Step::AddLearner { ordinal: 3 })
+    );
+    // The spare is a voter: a follower on the old class goes first.
+    let four = |leader: u32| {
+        (0..4)
+            .map(|o| member(o, true, o == leader, false))
+            .collect()
+    };
+    let mut obs = with_members(obs, four(0));
+    obs.statefulset.as_mut().unwrap().replicas = 4;
+    obs.pods.insert(3, pod(IMG));
+    volume(&mut obs, 3, "new", true);
+    let removal = |ordinal: u32| {
+        Plan::Act(Step::RemoveMember {
+            ordinal: Some(ordinal),
+            member_id: 100 + u64::from(ordinal),
+            cause: RemovalCause::StorageClassMove,
+        })
+    };
+    assert_eq!(plan_next_step(&obs), removal(2));
+    // Removed: its volume goes, and its ordinal rejoins on the new class.
+    let three: Vec<_> = [0, 1, 3].map(|o| member(o, true, o == 0, false)).into();
+    let mut obs = with_members(obs, three);
+    assert_eq!(
+        plan_next_step(&obs),
+        Plan::Act(Step::DeleteStaleStorage {
+            ordinal: 2,
+            force_pod: false
+        })
+    );
+    volume(&mut obs, 2, "new", false);
+    assert_eq!(
+        plan_next_step(&obs),
+        Plan::Act(Step::AddLearner { ordinal: 2 })
+    );
+    // Member 2 back on the new class: member 1 next; then the leader hands
+    // over to a member on the new class before it goes.
+    let mut obs = with_members(obs, four(0));
+    volume(&mut obs, 2, "new", true);
+    assert_eq!(plan_next_step(&obs), removal(1));
+    volume(&mut obs, 1, "new", true);
+    assert!(matches!(
+        plan_next_step(&obs),
+        Plan::Act(Step::MoveLeader { from: 100, .. })
+    ));
+    let mut obs = with_members(obs, four(1));
+    assert_eq!(plan_next_step(&obs), removal(0));
+    // Every member on the new class: the spare leaves as a scale-down.
+    volume(&mut obs, 0, "new", true);
+    assert_eq!(
+        plan_next_step(&obs),
+        Plan::Act(Step::RemoveMember {
+            ordinal: Some(3),
+            member_id: 103,
+            cause: RemovalCause::ScaleDown
+        })
+    );
+}
+
+#[test]
+fn a_member_down_or_a_volume_the_new_class_does_not_provision_holds_the_move() {
+    let mut obs = asked_to_move();
+    obs.storage.template = Some((Some("new".into()), Some("8Gi".into())));
+    let mut obs = with_members(
+        obs,
+        (0..4).map(|o| member(o, o != 2, o == 0, false)).collect(),
+    );
+    obs.statefulset.as_mut().unwrap().replicas = 4;
+    obs.pods.insert(3, pod(IMG));
+    volume(&mut obs, 3, "new", true);
+    let why = wait(&obs);
+    assert!(why.contains("c-etcd-2 is unhealthy"), "{why}");
+    // The spare's volume never bound.
+    volume(&mut obs, 3, "new", false);
+    obs.pvcs.get_mut(&3).unwrap().size.unprovisioned =
+        Some("unbound for 90s; ProvisioningFailed: no capacity".into());
+    match plan_next_step(&obs) {
+        Plan::Hold(why) => {
+            assert!(why.contains("StorageClass new"), "{why}");
+            assert!(why.contains("c-etcd-3"), "{why}");
+            assert!(why.contains("ProvisioningFailed: no capacity"), "{why}");
+        }
+        other => panic!("expected a hold, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_move_waits_for_a_version_change_and_volumes_it_replaces_do_not_grow() {
+    let mut obs = asked_to_move();
+    let (from, to) = (semver::Version::new(3, 5, 1), semver::Version::new(3, 6, 0));
+    obs.version.minor_change = Some((from, to));
+    assert!(wait(&obs).contains("the change of version 3.5.1 → 3.6.0 comes first"));
+    // A larger size with the move: the new volumes get it; none is expanded.
+    let mut obs = asked_to_move();
+    obs.storage.size = "16Gi".into();
+    obs.storage.expansion = Expansion::NotAllowed("old".into());
+    assert!(matches!(
+        step(&obs),
+        StorageStep::RecreateStatefulSet { .. }
     ));
 }
