@@ -217,7 +217,7 @@ fn assert_controller_grants(role: &Value) {
 /// PersistentVolumes and nothing else, to the same subjects as the
 /// namespaced bundle.
 #[test]
-fn workload_node_rbac_reads_nodes_and_persistent_volumes_only() {
+fn workload_node_rbac_reads_nodes_persistent_volumes_and_storage_classes_only() {
     let docs: Vec<Value> = documents()
         .into_iter()
         .filter(|(path, _)| {
@@ -235,7 +235,8 @@ fn workload_node_rbac_reads_nodes_and_persistent_volumes_only() {
         role["rules"],
         serde_json::json!([
             { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"] },
-            { "apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"] }
+            { "apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"] },
+            { "apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get"] }
         ])
     );
     let binding = docs

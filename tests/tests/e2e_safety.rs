@@ -358,7 +358,8 @@ async fn a_moved_identity_is_refused_before_any_workload_call() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn built_in_defaults_are_materialized_and_a_storage_change_is_refused() -> Result<()> {
+async fn built_in_defaults_are_materialized_and_a_storage_change_the_volumes_cannot_take_is_refused()
+-> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
@@ -397,9 +398,8 @@ async fn built_in_defaults_are_materialized_and_a_storage_change_is_refused() ->
     assert_eq!(ctl.reconcile(NS, "etcd-a").await?, Outcome::Converged);
     assert!(fleet.writes().is_empty(), "{:#?}", fleet.writes());
 
-    fleet.management_api().set_crd_transition_rules(false);
-    // A storage size change (past an API server without the CEL rules) is
-    // refused: the StatefulSet's claim templates cannot take it.
+    // A larger size for volumes whose claims name no StorageClass (no
+    // provisioner can grow them) is refused, and nothing is written.
     patch_spec(
         &fleet,
         "etcd-a",
@@ -418,10 +418,10 @@ async fn built_in_defaults_are_materialized_and_a_storage_change_is_refused() ->
         conflict_of(&get(&fleet, "etcd-a").await?).context("no Conflict condition")?;
     assert_eq!(
         (status.as_str(), reason.as_str()),
-        ("True", "StorageImmutable")
+        ("True", "StorageNotExpandable")
     );
     assert!(
-        message.contains("16Gi") && message.contains("8Gi"),
+        message.contains("16Gi") && message.contains("the members' claims name no StorageClass"),
         "{message}"
     );
     Ok(())
