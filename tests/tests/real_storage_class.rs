@@ -224,7 +224,7 @@ async fn real_expand_on_a_class_without_expansion_and_a_shrink_are_refused_writi
             "512Mi is smaller than the members' volumes",
         ),
     ] {
-        let skip = world.workload("w1").plane.audit()?.by(WORKLOAD_USER).len();
+        let skip = world.workload("w1").plane.audit()?.len();
         world.kubectl(&[
             "patch",
             "-n",

@@ -11,7 +11,7 @@ use super::super::context::{Error, Result};
 use super::super::observe::{
     Observed, PVC_MEMBER_ANNOTATION, PVC_OWNER_ANNOTATION, PVC_VERSION_ANNOTATION,
 };
-use super::target::{Target, apply, delete_exact, delete_exact_with_grace};
+use super::target::{Target, apply, delete_exact, delete_same};
 use crate::etcd::{ClusterClient, ClusterHealth};
 use crate::render::{self, Names, RenderInputs};
 
@@ -74,9 +74,11 @@ pub(super) async fn delete_stale_storage(
             .await
             .map_err(|e| on.err(e))?;
     }
+    // By UID alone: the pod of a removed member crash-loops, and a
+    // resourceVersion precondition would fail on each of its status updates.
     if let Some(pod) = on.observed.pods.get(&ordinal) {
         let grace = force_pod.then_some(0);
-        delete_exact_with_grace(&on.api::<Pod>(), pod, grace)
+        delete_same(&on.api::<Pod>(), pod, grace)
             .await
             .map_err(|e| on.err(e))?;
     }
