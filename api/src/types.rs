@@ -607,7 +607,8 @@ pub struct OperationStatus {
     /// What was done, e.g. `AddLearner`, `PromoteLearner`, `RemoveMember`, `UpgradeMember`.
     #[serde(rename = "type")]
     pub type_: String,
-    /// The member or object acted on.
+    /// The member or object acted on; for a volume record taken while a
+    /// member the step before took down is still coming back, that member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
     /// `Succeeded` or `Failed`.

@@ -692,7 +692,8 @@ impl Builder {
         let target = step
             .planned_disruption()
             .zip(self.names.as_ref())
-            .map(|(ordinal, names)| names.pod(ordinal));
+            .map(|(ordinal, names)| names.pod(ordinal))
+            .or_else(|| self.still_coming_back(step));
         self.new.last_operation = Some(OperationStatus {
             type_: step.kind().to_string(),
             target,
@@ -714,6 +715,23 @@ impl Builder {
             self.recovery_moved(step);
             self.restarted(step);
         }
+    }
+
+    /// A bookkeeping step (a volume record while a roll waits) taken while
+    /// the member the last step took down is still coming back keeps that
+    /// member as its target: its trouble stays planned, not `Degraded`.
+    fn still_coming_back(&self, step: &Step) -> Option<String> {
+        if !matches!(step, Step::RecordPvcMember { .. }) {
+            return None;
+        }
+        let op = self
+            .old
+            .last_operation
+            .as_ref()
+            .filter(|op| op.outcome == "Succeeded")?;
+        let target = op.target.as_ref()?;
+        let member = self.new.members.iter().find(|m| &m.name == target)?;
+        (!member.healthy).then(|| target.clone())
     }
 
     /// A member the controller has just restarted gets its failure grace
@@ -814,6 +832,34 @@ mod tests {
             degraded(&report),
             ("False".to_string(), "PlannedDisruption".to_string())
         );
+    }
+
+    #[test]
+    fn a_volume_record_while_a_restarted_member_comes_back_keeps_its_restart_planned() {
+        // The roll restarted c-etcd-1; while it comes back, the next step
+        // records another member's volume. The reconcile after sees
+        // c-etcd-1 still down: planned, not Degraded.
+        let mut report = Builder::new(&cluster(restarted("c-etcd-1")));
+        report.observed(&one_down(1));
+        let record = Step::RecordPvcMember {
+            ordinal: 2,
+            member_id: 102,
+            version: Some("3.5.1".into()),
+        };
+        report.acted(&record, None);
+        let op = report.new.last_operation.clone().unwrap();
+        assert_eq!(op.target.as_deref(), Some("c-etcd-1"));
+        let mut next = Builder::new(&cluster(report.new.clone()));
+        next.observed(&one_down(1));
+        assert_eq!(
+            degraded(&next),
+            ("False".to_string(), "PlannedDisruption".to_string())
+        );
+        // Back up: a record has no target of its own.
+        let mut up = Builder::new(&cluster(report.new.clone()));
+        up.observed(&converged(3, 3));
+        up.acted(&record, None);
+        assert_eq!(up.new.last_operation.unwrap().target, None);
     }
 
     #[test]
