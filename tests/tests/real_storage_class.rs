@@ -74,6 +74,19 @@ async fn claim_classes(world: &KubeWorld) -> Result<Vec<(String, String)>> {
     Ok(out)
 }
 
+/// A real world with a second host-path class, the cluster-scoped reads,
+/// and `shop` converged on `standard`.
+async fn converged_shop() -> Result<Option<(KubeWorld, TestController)>> {
+    let Some(world) = installed_world(&["w1"]).await? else {
+        return Ok(None);
+    };
+    second_class_and_reads(&world).await?;
+    let mut ctl = world.controller().await?;
+    world.apply(&cluster_manifest("shop", SPEC))?;
+    converge_real(&mut ctl, &["shop"]).await?;
+    Ok(Some((world, ctl)))
+}
+
 fn storage_kinds(steps: &[(String, Step)]) -> Vec<String> {
     (steps.iter())
         .filter_map(|(_, s)| match s {
@@ -90,13 +103,9 @@ fn storage_kinds(steps: &[(String, Step)]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_storage_class_move_adopts_the_pods_and_moves_every_member_through_a_restart()
 -> Result<()> {
-    let Some(world) = installed_world(&["w1"]).await? else {
+    let Some((world, mut ctl)) = converged_shop().await? else {
         return Ok(());
     };
-    second_class_and_reads(&world).await?;
-    let mut ctl = world.controller().await?;
-    world.apply(&cluster_manifest("shop", SPEC))?;
-    converge_real(&mut ctl, &["shop"]).await?;
     let (endpoints, config) = etcd_of(&world, "w1", "shop", 3).await?;
     let id = ClusterClient::connect(&endpoints, &config)
         .await?
@@ -204,13 +213,9 @@ async fn refused_three_times(ctl: &mut TestController) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_expand_on_a_class_without_expansion_and_a_shrink_are_refused_writing_nothing()
 -> Result<()> {
-    let Some(world) = installed_world(&["w1"]).await? else {
+    let Some((world, mut ctl)) = converged_shop().await? else {
         return Ok(());
     };
-    second_class_and_reads(&world).await?;
-    let mut ctl = world.controller().await?;
-    world.apply(&cluster_manifest("shop", SPEC))?;
-    converge_real(&mut ctl, &["shop"]).await?;
 
     for (size, reason, says) in [
         (

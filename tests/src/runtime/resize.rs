@@ -7,7 +7,7 @@
 //! refusal of a claim whose StorageClass does not allow expansion is not
 //! played: the controller must not ask (the tests count its writes).
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use etcdfleet_api::quantity;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
@@ -32,12 +32,12 @@ impl Inner {
             .list(&ListParams::default())
             .await?
             .items;
-        for claim in claims.iter().filter(|c| {
-            c.spec.as_ref().is_some_and(|s| s.volume_name.is_none())
-                && c.metadata.deletion_timestamp.is_none()
-        }) {
-            let ns = claim.namespace().unwrap_or_default();
-            let spec = claim.spec.clone().unwrap_or_default();
+        for (claim, spec) in (claims.iter())
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .filter_map(|c| Some((c, c.spec.clone()?)))
+            .filter(|(_, s)| s.volume_name.is_none())
+        {
+            let ns = claim_namespace(claim)?;
             let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &ns);
             if !self.provisions(spec.storage_class_name.as_deref()) {
                 self.provisioning_failed(claim).await?;
@@ -71,7 +71,7 @@ impl Inner {
 
     /// The `ProvisioningFailed` event of an unbound claim, made once.
     async fn provisioning_failed(&self, claim: &PersistentVolumeClaim) -> Result<()> {
-        let ns = claim.namespace().unwrap_or_default();
+        let ns = claim_namespace(claim)?;
         let name = format!("{}.provisioning", claim.name_any());
         let event: Event = serde_json::from_value(json!({
             "metadata": { "name": name, "namespace": ns },
@@ -141,19 +141,23 @@ impl Inner {
                 }] }),
                 (false, Some(_)) => continue,
             };
-            Api::<PersistentVolumeClaim>::namespaced(
-                self.client.clone(),
-                &claim.namespace().unwrap_or_default(),
-            )
-            .patch_status(
-                &claim.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": status })),
-            )
-            .await?;
+            Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &claim_namespace(claim)?)
+                .patch_status(
+                    &claim.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await?;
         }
         Ok(())
     }
+}
+
+/// A claim's namespace (claims are namespaced: one without is a bug).
+fn claim_namespace(claim: &PersistentVolumeClaim) -> Result<String> {
+    claim
+        .namespace()
+        .with_context(|| format!("claim {} has no namespace", claim.name_any()))
 }
 
 /// `pod` mounts `claim`.
