@@ -27,7 +27,9 @@
 #     tier; its kubectl also renders the stage overlays in
 #     tests/tests/deploy.rs), and etcd/etcdctl/etcdutl of each pinned etcd
 #     -> .tools/etcd-v*, and for the real nodes kubelet, CoreDNS, the pause
-#     image and the etcd images (hack/upstream/node-images.sh).
+#     image and the etcd images (hack/upstream/node-images.sh), and the CSI
+#     sidecars (csi-provisioner, csi-resizer) of the test CSI driver
+#     -> .tools/csi-sidecars.
 # Then it proves each tool does its job (not just that it starts); a broken
 # install fails here, naming the package, before cargo starts.
 # Re-running it when everything is present does nothing but check.

@@ -114,6 +114,9 @@ def upstream_pins():
         text = gomod.read_text()
         name = gomod.parent.name
         m = re.search(r"wrapper\.sh (\w+) \S+ v(\S+);", text)
+        if name == "csi-sidecars":
+            sidecar_pins(text)
+            continue
         if m:
             module, pin = MODULES[m.group(1)], m.group(2)
         else:
@@ -131,6 +134,25 @@ def upstream_pins():
             gap = f"{missing[-1]}-{missing[0]}" if len(missing) > 1 else missing[0]
             note = "; ".join(filter(None, [note, f"{gap} not served whole"]))
         row(name, pin, line_newest, newest(versions), note)
+
+
+def sidecar_pins(text):
+    """The CSI sidecars of the test CSI driver: one row per module."""
+    for module in ["github.com/kubernetes-csi/external-provisioner/v5",
+                   "github.com/kubernetes-csi/external-resizer"]:
+        name = module.split("/")[2]
+        m = re.search(rf"^\s*(?:require\s+)?{re.escape(module)} v(\S+)", text, re.M)
+        if not m:
+            print(f"{module:24} no pin found in csi-sidecars/go.mod", file=sys.stderr)
+            continue
+        pin = m.group(1)
+        try:
+            versions = go_versions(module)
+        except OSError as e:
+            # The proxy serves the pinned versions but not the version list.
+            print(f"{name:24} {pin:10} {'?':14} {'?':14} unknown (version list: {e})")
+            continue
+        row(name, pin, newest(versions, release(pin)[:2]), newest(versions))
 
 
 def pypi_etcd():

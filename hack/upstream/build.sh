@@ -9,6 +9,8 @@
 #   etcd-*/           etcd, etcdctl, etcdutl -> .tools/<dir>
 #   coredns/          coredns with the plugins the real nodes' cluster DNS
 #                     uses (its own main.go) -> .tools/coredns
+#   csi-sidecars/     csi-provisioner, csi-resizer: the sidecars of the test
+#                     CSI driver (tests/src/csi) -> .tools/csi-sidecars
 #
 # Binaries are cached outside the clone, keyed by the module version and the
 # Go version (ETCDFLEET_CACHE, default ~/.cache/etcdfleet/upstream), so a
@@ -115,6 +117,31 @@ build_coredns() { # <dir>
   link "$out" coredns
 }
 
+# The CSI sidecars the test CSI driver runs with (tests/src/csi/deploy.rs),
+# each with the version its release tag names.
+build_csi_sidecars() { # <dir>
+  local dir=$1 provisioner resizer out
+  provisioner=$(pinned "$dir" github.com/kubernetes-csi/external-provisioner/v5)
+  resizer=$(pinned "$dir" github.com/kubernetes-csi/external-resizer)
+  [ -n "$provisioner" ] && [ -n "$resizer" ] || fail "$dir/go.mod must require both sidecars"
+  out="$cache/csi-sidecars-provisioner-$provisioner-resizer-$resizer-$gover"
+  if [ ! -f "$out/.complete" ]; then
+    echo "upstream: building csi-provisioner $provisioner and csi-resizer $resizer with $gover into $out"
+    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+    (cd "$here/$dir" &&
+      go build -trimpath -ldflags "-s -w -X main.version=$provisioner" -o "$out.tmp/csi-provisioner" \
+        github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner &&
+      go build -trimpath -ldflags "-s -w -X main.version=$resizer" -o "$out.tmp/csi-resizer" \
+        github.com/kubernetes-csi/external-resizer/cmd/csi-resizer) ||
+      fail "go build of the CSI sidecars ($dir)"
+    touch "$out.tmp/.complete"
+    rm -rf "$out" && mv "$out.tmp" "$out"
+  fi
+  check_version "$out/csi-provisioner" "$provisioner" --version
+  check_version "$out/csi-resizer" "$resizer" --version
+  link "$out" csi-sidecars
+}
+
 # .tools/<name> -> the cached directory (replaced atomically).
 link() { # <target> <name>
   mkdir -p "$root/.tools"
@@ -124,7 +151,7 @@ link() { # <target> <name>
 kubernetes_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 dirs=("$@")
 if [ ${#dirs[@]} -eq 0 ]; then
-  dirs=(kubernetes coredns)
+  dirs=(kubernetes coredns csi-sidecars)
   for d in "$here"/etcd-*/; do dirs+=("$(basename "$d")"); done
 fi
 command -v go >/dev/null 2>&1 || fail "go is not installed (the machines come with Go 1.26)"
@@ -134,6 +161,7 @@ for d in "${dirs[@]}"; do
   kubernetes*) build_kubernetes "$d" ;;
   etcd-*) build_etcd "$d" ;;
   coredns) build_coredns "$d" ;;
+  csi-sidecars) build_csi_sidecars "$d" ;;
   *) fail "unknown wrapper $d" ;;
   esac
 done

@@ -2,6 +2,7 @@ pub mod apiserver;
 pub mod by_hand;
 pub mod control_plane;
 pub mod controller_process;
+pub mod csi;
 pub mod demo;
 pub mod driver;
 pub mod etcd_harness;

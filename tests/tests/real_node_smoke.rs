@@ -34,7 +34,7 @@ fn real_node_smoke_three_members_on_three_real_nodes() {
     };
     run_isolated(|| async move {
         let version = newest_built_etcd()?.version_string();
-        let world = installed_real_world(binaries, &tools, &["w1"]).await?;
+        let world = installed_real_world(binaries, &tools, &["w1"], None).await?;
         let node_logs = || world.workload("w1").nodes.real().log_tails(25);
         let cgroups: Vec<PathBuf> = world
             .workload("w1")
@@ -123,6 +123,7 @@ fn real_node_smoke_the_dev_stage_runs_the_controller_as_a_pod() {
             workload_names: &["w1"],
             management_nodes: 0,
             extra_images: vec![],
+            csi: None,
         }
         .with_controller_pod(NodeImage::controller(&image.layout(), &image.tag));
         let world = KubeWorld::start_real_nodes(binaries, spec).await?;

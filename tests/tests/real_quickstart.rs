@@ -75,6 +75,7 @@ fn real_node_quickstart_of_the_readme_runs_verbatim_with_the_controller_as_a_pod
             workload_names: &["w1"],
             management_nodes: 0,
             extra_images: vec![],
+            csi: None,
         }
         .with_controller_pod(NodeImage::controller(&image.layout(), &image.tag));
         let world = KubeWorld::start_real_nodes(binaries, spec).await?;

@@ -12,6 +12,7 @@ use super::world::{
     KubeWorld, MANAGEMENT_NODES, NODES_PER_CLUSTER, Nodes, WORKLOAD_USER, WorkloadPlane,
 };
 use super::{ControlPlane, Controllers, KubeBinaries, StorageEtcd, User};
+use crate::csi::deploy::{CsiDeployment, CsiTools, NodeCsi, wait_registered};
 use crate::etcd_harness::newest_built_etcd;
 use crate::real_node::node::SANDBOX_IMAGE_PREFIX;
 use crate::real_node::{
@@ -32,6 +33,8 @@ pub struct RealWorldSpec<'a> {
     /// Images pushed into the world's registry besides the sandbox image
     /// and every etcd image (e.g. the controller image `make image` built).
     pub extra_images: Vec<NodeImage>,
+    /// The test CSI driver on every workload plane ([`crate::csi::deploy`]).
+    pub csi: Option<CsiTools>,
 }
 
 impl RealWorldSpec<'_> {
@@ -110,6 +113,7 @@ impl KubeWorld {
             registry: &registry,
             network: &network,
             sandbox_image,
+            csi: None,
         };
         let management_nodes = context
             .start_plane(
@@ -119,6 +123,10 @@ impl KubeWorld {
                 management_addresses,
             )
             .await?;
+        let context = NodeContext {
+            csi: spec.csi.as_ref(),
+            ..context
+        };
         let mut workloads = BTreeMap::new();
         for ((name, plane), addresses) in spec
             .workload_names
@@ -156,6 +164,8 @@ struct NodeContext<'a> {
     registry: &'a LocalRegistry,
     network: &'a PodNetwork,
     sandbox_image: String,
+    /// The test CSI driver, on the planes started with it.
+    csi: Option<&'a CsiTools>,
 }
 
 impl NodeContext<'_> {
@@ -176,6 +186,21 @@ impl NodeContext<'_> {
             plane.dir(),
         )
         .await?;
+        let client = plane.admin_client().await?;
+        let store = plane.dir().join("csi-volumes");
+        let csi = match self.csi {
+            Some(tools) => Some(
+                CsiDeployment::start(
+                    tools,
+                    &store,
+                    &plane.dir().join("csi"),
+                    &plane.admin_kubeconfig_file(),
+                    &client,
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let mut nodes = Vec::with_capacity(count);
         for i in 0..count {
             let spec = NodeSpec {
@@ -186,17 +211,32 @@ impl NodeContext<'_> {
                 registry: self.registry,
                 network: self.network,
                 tools: self.tools,
+                csi: self.csi.map(|t| NodeCsi {
+                    driver: t.driver.clone(),
+                    store: store.clone(),
+                }),
             };
             nodes.push(RealNode::start(&spec).await?);
         }
-        let client = plane.admin_client().await?;
         for node in &nodes {
             node.wait_ready(&client, NODE_READY).await?;
+        }
+        if csi.is_some() {
+            let names: Vec<String> = nodes.iter().map(|n| n.name().to_string()).collect();
+            wait_registered(&client, &names, NODE_READY)
+                .await
+                .with_context(|| {
+                    nodes
+                        .iter()
+                        .map(RealNode::csi_log_tails)
+                        .collect::<String>()
+                })?;
         }
         Ok(RealNodes {
             nodes,
             dns,
             addresses,
+            csi,
         })
     }
 }

@@ -257,12 +257,14 @@ pub async fn installed_real_world(
     binaries: super::KubeBinaries,
     tools: &crate::real_node::NodeTools,
     workloads: &[&str],
+    csi: Option<crate::csi::deploy::CsiTools>,
 ) -> Result<KubeWorld> {
     let spec = super::RealWorldSpec {
         tools,
         workload_names: workloads,
         management_nodes: 0,
         extra_images: vec![],
+        csi,
     };
     let world = KubeWorld::start_real_nodes(binaries, spec).await?;
     world.install("config/stages/dev")?;
@@ -296,6 +298,15 @@ pub fn in_real_world<F>(test: F)
 where
     F: AsyncFnOnce(&KubeWorld) -> Result<()>,
 {
+    in_real_world_with(None, test)
+}
+
+/// [`in_real_world`], with the test CSI driver on `w1` when `csi` names it
+/// ([`crate::csi::deploy`]).
+pub fn in_real_world_with<F>(csi: Option<crate::csi::deploy::CsiTools>, test: F)
+where
+    F: AsyncFnOnce(&KubeWorld) -> Result<()>,
+{
     let Some(binaries) = super::require_kubernetes() else {
         return;
     };
@@ -303,7 +314,7 @@ where
         return;
     };
     crate::real_node::run_isolated(|| async move {
-        let world = installed_real_world(binaries, &tools, &["w1"]).await?;
+        let world = installed_real_world(binaries, &tools, &["w1"], csi).await?;
         if let Err(e) = test(&world).await {
             let logs = world.workload("w1").nodes.real().log_tails(25);
             bail!("{e:?}\nnodes:{logs}");

@@ -64,6 +64,8 @@ pub struct NodeSpec<'a> {
     pub registry: &'a LocalRegistry,
     pub network: &'a PodNetwork,
     pub tools: &'a NodeTools,
+    /// The test CSI driver's node half, when the world runs it.
+    pub csi: Option<crate::csi::deploy::NodeCsi>,
 }
 
 /// A running node (see the module docs).
@@ -156,6 +158,12 @@ impl RealNode {
         ];
         // One argument per line, read back by the node script (mapfile).
         std::fs::write(p.join("kubelet.args"), args.join("\n") + "\n")?;
+        if let Some(csi) = &spec.csi {
+            std::fs::write(
+                p.join("csi.args"),
+                csi.command(&self.name, &p.join("kubelet")),
+            )?;
+        }
         for (name, value) in KERNEL_TUNABLES {
             std::fs::write(p.join("sysctl").join(name.replace('/', ".")), value)?;
         }
@@ -289,8 +297,24 @@ impl RealNode {
     /// The last lines of the node's own, containerd's and kubelet's logs,
     /// then of every container log the kubelet kept
     /// (`<pod-logs>/<namespace>_<pod>_<uid>/<container>/<restart>.log`).
+    /// The CSI driver's log and the kubelet's lines about plugins and CSI.
+    pub fn csi_log_tails(&self) -> String {
+        let read = |f: &str| std::fs::read_to_string(self.path.join(f)).unwrap_or_default();
+        let kubelet = read("kubelet.log");
+        let about: Vec<&str> = (kubelet.lines())
+            .filter(|l| l.contains("plugin") || l.contains("csi") || l.contains("CSI"))
+            .collect();
+        format!(
+            "\n--- {} csi.log ---\n{}\n--- {} kubelet.log (plugins) ---\n{}",
+            self.name,
+            read("csi.log"),
+            self.name,
+            about[about.len().saturating_sub(30)..].join("\n")
+        )
+    }
+
     pub fn log_tails(&self, lines: usize) -> String {
-        let mut files: Vec<PathBuf> = ["node.log", "containerd.log", "kubelet.log"]
+        let mut files: Vec<PathBuf> = ["node.log", "containerd.log", "kubelet.log", "csi.log"]
             .iter()
             .map(|f| self.path.join(f))
             .collect();
@@ -368,11 +392,17 @@ for f in "$d"/sysctl/*; do
 done
 "$containerd" --config "$d/containerd.toml" >>"$d/containerd.log" 2>&1 &
 for _ in $(seq 1 400); do [ -S "$d/containerd.sock" ] && break; sleep 0.05; done
+# The test CSI driver's node half, when the world runs it: in the node's
+# mount namespace, so its bind mounts are the ones kubelet and containerd see.
+if [ -f "$d/csi.args" ]; then
+  mapfile -t csi <"$d/csi.args"
+  "${csi[@]}" >>"$d/csi.log" 2>&1 &
+fi
 mapfile -t args <"$d/kubelet.args"
 "$kubelet" "${args[@]}" >>"$d/kubelet.log" 2>&1 &
 set +e
 wait -n
-echo "node: containerd or kubelet exited ($?); the node stops"
+echo "node: containerd, kubelet or the CSI driver exited ($?); the node stops"
 "#;
 
 /// containerd 1.6's configuration: its own root, state and socket in the

@@ -11,6 +11,8 @@ pub struct RealNodes {
     pub nodes: Vec<RealNode>,
     pub dns: ClusterDns,
     pub addresses: PlaneAddresses,
+    /// The test CSI driver's controller half, when the world runs it.
+    pub csi: Option<crate::csi::deploy::CsiDeployment>,
 }
 
 impl RealNodes {
@@ -25,6 +27,9 @@ impl RealNodes {
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out: String = self.nodes.iter().map(|n| n.log_tails(lines)).collect();
         out.push_str(&format!("\n--- coredns ---\n{}", self.dns.log_tail(lines)));
+        if let Some(csi) = &self.csi {
+            out.push_str(&csi.log_tails(lines));
+        }
         out
     }
 }
