@@ -48,6 +48,27 @@ impl<'a> Members<'a> {
             .map(|m| m.member.id)
     }
 
+    /// A voter whose pod the kubelet does not report Ready, though etcd
+    /// answers for it (a member just restarted, whose readiness probe has
+    /// not passed yet: the real kubelet probes every 10 s): the next
+    /// disruption waits for it, as a StatefulSet's rolling update waits for
+    /// Ready pods, so clients of the client Service never see two members
+    /// gone. While an alarm is raised, a probe that is etcd's own health
+    /// check fails on every member (etcd's `/health` reports alarms), so
+    /// readiness says nothing then and is not waited for.
+    pub fn unready_voter(&self) -> Option<u32> {
+        let alarmed = !self.obs.alarms.is_empty();
+        self.health
+            .voters()
+            .filter_map(|mo| self.ordinal_of(mo.member.id))
+            .find(|o| {
+                self.obs.pods.get(o).is_some_and(|p| {
+                    let says_nothing = alarmed && p.ready_means_etcd_healthy;
+                    !(p.ready || p.deleting || says_nothing)
+                })
+            })
+    }
+
     /// The pod at `ordinal` was made from another pod template than the
     /// StatefulSet's. The template hash covers every input (flags,
     /// resources, image, pod overrides); the image is compared only for

@@ -49,6 +49,12 @@ pub(super) fn roll_members(m: &Members) -> Option<Plan> {
             m.describe(sick.member.id)
         )));
     }
+    if let Some(o) = m.unready_voter() {
+        return Some(Plan::Wait(format!(
+            "rolling update waits: the kubelet does not report pod {} Ready yet",
+            obs.names.pod(o)
+        )));
+    }
     if let Some(lagging) = health
         .voters()
         .find(|mo| health.lag(mo.member.id).is_some_and(|lag| lag > 1000))
@@ -123,6 +129,43 @@ mod tests {
             matches!(&plan, Some(Plan::Wait(why)) if why.contains("c-etcd-1")),
             "{plan:?}"
         );
+    }
+
+    #[test]
+    fn a_restarted_member_not_ready_yet_holds_the_roll_unless_an_alarm_makes_every_pod_unready() {
+        // Ordinal 1 was restarted; etcd answers for it, its readiness probe
+        // has not passed yet.
+        let mut obs = converged(3, 3);
+        for o in [0, 2] {
+            obs.pods.insert(o, pod("etcd:v3.4.0"));
+        }
+        for p in obs.pods.values_mut() {
+            p.ready_means_etcd_healthy = true;
+        }
+        obs.pods.get_mut(&1).unwrap().ready = false;
+        let plan = roll_members(&Members::of(&obs).unwrap());
+        assert!(
+            matches!(&plan, Some(Plan::Wait(why)) if why.contains("pod c-etcd-1 Ready")),
+            "{plan:?}"
+        );
+        obs.pods.get_mut(&1).unwrap().ready = true;
+        assert!(matches!(
+            roll_members(&Members::of(&obs).unwrap()),
+            Some(Plan::Act(Step::RestartMember { ordinal: 2, .. }))
+        ));
+        // NOSPACE: every probe fails while the alarm is raised; the roll
+        // that carries a larger quota goes on.
+        for p in obs.pods.values_mut() {
+            p.ready = false;
+        }
+        obs.alarms = vec![crate::etcd::Alarm {
+            member_id: 100,
+            kind: crate::etcd::AlarmKind::NoSpace,
+        }];
+        assert!(matches!(
+            roll_members(&Members::of(&obs).unwrap()),
+            Some(Plan::Act(Step::RestartMember { ordinal: 2, .. }))
+        ));
     }
 
     #[test]

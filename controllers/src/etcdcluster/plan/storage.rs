@@ -160,7 +160,13 @@ fn resizing(m: &Members, sizes: &Sizes) -> Option<Plan> {
         }
         return Some(match m.health.can_restart(member_id) {
             Ok(()) | Err(crate::etcd::UnsafeReason::SingleMemberDowntime { .. }) => {
-                act(StorageStep::RestartForResize { ordinal, member_id })
+                match m.unready_voter().filter(|o| *o != ordinal) {
+                    Some(o) => Plan::Wait(format!(
+                        "{pod} waits to restart: the kubelet does not report pod {} Ready yet",
+                        obs.names.pod(o)
+                    )),
+                    None => act(StorageStep::RestartForResize { ordinal, member_id }),
+                }
             }
             Err(why) => Plan::Wait(format!(
                 "the volume of {pod} grew; its restart waits: {why}"

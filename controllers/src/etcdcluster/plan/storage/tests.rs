@@ -130,6 +130,16 @@ fn a_file_system_that_grows_at_restart_restarts_one_member_under_the_quorum_guar
         why.contains("the volume of c-etcd-1 grew; its restart waits"),
         "{why}"
     );
+    // Member 2 answers again; its pod's readiness probe has not passed.
+    let mut obs = asked_to_grow();
+    claim(&mut obs, 1, "16Gi", "8Gi");
+    obs.pvcs.get_mut(&1).unwrap().size.restart_pending = true;
+    obs.pods.get_mut(&2).unwrap().ready = false;
+    let why = wait(&obs);
+    assert!(
+        why.contains("c-etcd-1 waits to restart: the kubelet does not report pod c-etcd-2 Ready"),
+        "{why}"
+    );
     // The leader's: leadership moves first.
     let mut obs = asked_to_grow();
     claim(&mut obs, 0, "16Gi", "8Gi");
