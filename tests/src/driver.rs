@@ -154,6 +154,8 @@ pub struct ConvergeLog {
     pub steps: Vec<(String, Step)>,
     pub last: Vec<(String, Outcome)>,
     pub errors: Vec<String>,
+    /// The last waiting reason printed per cluster.
+    pub last_said: std::collections::BTreeMap<String, String>,
 }
 
 impl ConvergeLog {
@@ -209,6 +211,13 @@ where
                     done = false;
                 }
                 Ok(outcome @ (Outcome::Waiting(_) | Outcome::Held(_))) => {
+                    // Each new reason once: a failing test's log says what
+                    // the controller waited for, and when.
+                    let said = format!("{outcome:?}");
+                    if log.last_said.get(&key) != Some(&said) {
+                        eprintln!("[{key}] {said}");
+                        log.last_said.insert(key.clone(), said);
+                    }
                     log.last.push((key, outcome));
                     done = false;
                 }

@@ -42,10 +42,15 @@ const KUBELET_SYNC: Duration = Duration::from_millis(250);
 
 /// Reconciler settings of the real tier: the test's short deadlines and
 /// failure grace, with the production read memo (`reread_after` at its
-/// default), because that is what users run.
+/// default), because that is what users run, and the production wait for a
+/// file system to grow online before its member is restarted for it
+/// (`resize_restart_after`): a real kubelet grows a published volume at its
+/// next pod sync (the real nodes sync every 10 s).
 pub fn real_settings() -> ReconcilerSettings {
+    let production = ReconcilerSettings::default();
     ReconcilerSettings {
-        reread_after: ReconcilerSettings::default().reread_after,
+        reread_after: production.reread_after,
+        resize_restart_after: production.resize_restart_after,
         ..fast_settings()
     }
 }

@@ -1,0 +1,459 @@
+//! Volumes that grow on real nodes (issue 37, docs/storage.md): a cluster's
+//! claims are provisioned by a CSI driver (`etcdfleet_tests::csi`) through
+//! the real `csi-provisioner`, grown through the real `csi-resizer` and the
+//! real kubelet's online `NodeExpandVolume`, its StatefulSet is deleted with
+//! `propagationPolicy: Orphan` (the real garbage collector) and adopted
+//! again by the real StatefulSet controller, and its members run under real
+//! kubelets and containerd:
+//! - `storage.size` 1Gi → 2Gi on 3 members with a writer: every claim's
+//!   capacity is 2Gi, the claim template says 2Gi, the quota followed, at
+//!   most one member was down at any sampled moment, no acknowledged write
+//!   lost;
+//! - a cluster at NOSPACE, which compaction cannot cure, recovers by
+//!   growing its volumes: the quota follows the size, every key is kept.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use etcdfleet_api::conditions;
+use etcdfleet_controllers::etcd::ClusterClient;
+use etcdfleet_controllers::etcdcluster::plan::{Step, StorageStep};
+use etcdfleet_tests::control_plane::KubeWorld;
+use etcdfleet_tests::control_plane::scenario::{
+    NS, cluster_manifest, etcd_of, get, in_real_world_with, member_pods, patch_spec,
+    wait_ready_members,
+};
+use etcdfleet_tests::csi::deploy::{CSI_CLASS, CsiTools};
+use etcdfleet_tests::driver::{ConvergeLog, TestController, converge, no_hook};
+use etcdfleet_tests::etcd_harness::{
+    EtcdVersion, FollowingWriter, require_etcd, verify_acknowledged,
+};
+use etcdfleet_tests::scenario::WORKLOAD_NS;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, PodSpec};
+use kube::ResourceExt;
+use kube::api::Api;
+
+/// Runs `test` in a real-node world whose workload plane runs the test CSI
+/// driver, with the cluster-scoped reads a growth needs (StorageClasses).
+fn in_csi_world<F>(test: F)
+where
+    F: AsyncFnOnce(&KubeWorld) -> Result<()>,
+{
+    let csi = CsiTools::locate(env!("CARGO_BIN_EXE_csi_hostpath")).expect("the CSI tools");
+    in_real_world_with(Some(csi), async |world| {
+        world.kubectl_workload(
+            "w1",
+            &["apply", "--server-side", "-k", "config/workload-rbac-nodes"],
+        )?;
+        test(world).await
+    });
+}
+
+/// `shop`: 3 members of etcd 3.5 on `size` claims of the CSI class, the
+/// quota half the size; converged, every member ready.
+async fn sized_shop(world: &KubeWorld, size: &str) -> Result<TestController> {
+    let version = require_etcd(EtcdVersion::V3_5Latest)
+        .context("etcd 3.5 (hack/upstream/etcd-3.5)")?
+        .release;
+    let spec = format!(
+        "  clusterRef:
+    name: w1
+  version: {version}
+  replicas: 3
+  storage:
+    storageClassName: {CSI_CLASS}
+    size: {size}
+  etcd:
+    heartbeatIntervalMillis: 50
+    electionTimeoutMillis: 500
+    quotaBackendPercentOfStorage: 50
+"
+    );
+    let mut ctl = world.controller().await?;
+    world.apply(&cluster_manifest("shop", &spec))?;
+    converge(
+        &mut ctl,
+        &[(NS, "shop")],
+        Duration::from_secs(240),
+        || async { Ok(()) },
+        no_hook,
+    )
+    .await?;
+    wait_ready_members(world, "shop", 3)?;
+    Ok(ctl)
+}
+
+async fn workload_client(world: &KubeWorld) -> Result<kube::Client> {
+    world.workload("w1").admin_client().await
+}
+
+/// (requested, capacity) of each member's claim, by ordinal.
+async fn claims(world: &KubeWorld) -> Result<Vec<(String, String)>> {
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(workload_client(world).await?, WORKLOAD_NS);
+    let mut out = Vec::new();
+    for o in 0..3 {
+        let pvc = api.get(&format!("data-shop-etcd-{o}")).await?;
+        let requested = (pvc.spec)
+            .and_then(|s| s.resources?.requests?.get("storage").cloned())
+            .context("no request")?;
+        let capacity = (pvc.status)
+            .and_then(|s| s.capacity?.get("storage").cloned())
+            .context("no capacity")?;
+        out.push((requested.0, capacity.0));
+    }
+    Ok(out)
+}
+
+/// The capacity of every PersistentVolume of the CSI class.
+async fn volume_capacities(world: &KubeWorld) -> Result<Vec<String>> {
+    let api: Api<PersistentVolume> = Api::all(workload_client(world).await?);
+    let mut out = Vec::new();
+    for pv in api.list(&Default::default()).await? {
+        let spec = pv.spec.context("a volume without a spec")?;
+        if spec.storage_class_name.as_deref() == Some(CSI_CLASS) {
+            let capacity = spec.capacity.and_then(|c| c.get("storage").cloned());
+            out.push(capacity.context("a volume without a capacity")?.0);
+        }
+    }
+    Ok(out)
+}
+
+/// What counts as a member being down.
+#[derive(Clone, Copy)]
+enum Down {
+    /// Its pod is missing, being deleted or not Ready.
+    NotReady,
+    /// Its pod is missing, being deleted or its etcd container not running.
+    /// (While a NOSPACE alarm is raised every member's readiness fails:
+    /// etcd's `/health` reports the alarm; the members still run.)
+    NotRunning,
+}
+
+fn is_up(pod: &Pod, down: Down) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let up = match down {
+        Down::NotReady => {
+            (status.conditions.iter().flatten()).any(|c| c.type_ == "Ready" && c.status == "True")
+        }
+        Down::NotRunning => (status.container_statuses.iter().flatten())
+            .any(|c| c.name == "etcd" && c.state.as_ref().is_some_and(|s| s.running.is_some())),
+    };
+    up && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// The ordinals of the 3 members that are down, each with its pod's phase
+/// and conditions (for the failure message).
+async fn members_down(world: &KubeWorld, down: Down) -> Result<Vec<String>> {
+    let pods = member_pods(world, "shop").await?;
+    let describe = |o: u32| match pods.get(&o) {
+        None => format!("{o}: no pod"),
+        Some(p) => format!(
+            "{o}: deleting {}, status {:?}",
+            p.metadata.deletion_timestamp.is_some(),
+            p.status.as_ref().map(|s| (&s.phase, &s.conditions))
+        ),
+    };
+    let down = (0..3).filter(|o| !pods.get(o).is_some_and(|p| is_up(p, down)));
+    Ok(down.map(describe).collect())
+}
+
+/// What [`converge_counting_down`] saw.
+struct Converged {
+    log: ConvergeLog,
+    /// The most members seen down at once (described).
+    most_down: Vec<String>,
+    /// When the StatefulSet was created again (every volume had grown).
+    grown: Instant,
+}
+
+/// Keeps `now` in `most` when more members are down in it.
+fn keep_most(most: &Mutex<Vec<String>>, now: Vec<String>) {
+    let mut most = most.lock().expect("samples");
+    if now.len() > most.len() {
+        *most = now;
+    }
+}
+
+/// Converges `shop`, counting between reconciles how many members are down
+/// and telling `writer` the members' addresses (restarted pods come back at
+/// new IPs); returns the log and the most members seen down at once.
+async fn converge_counting_down(
+    world: &KubeWorld,
+    ctl: &mut TestController,
+    writer: Option<&FollowingWriter>,
+    down: Down,
+) -> Result<Converged> {
+    let most = Arc::new(Mutex::new(Vec::new()));
+    let between = || {
+        let most = most.clone();
+        async move {
+            let now = members_down(world, down).await?;
+            keep_most(&most, now);
+            if let (Some(writer), Ok((endpoints, config))) =
+                (writer, etcd_of(world, "w1", "shop", 3).await)
+            {
+                for e in endpoints {
+                    writer.add(e, config.clone());
+                }
+            }
+            Ok(())
+        }
+    };
+    // When the StatefulSet was created again: every volume had grown.
+    let mut grown = None;
+    let after_step = |_: &str, step: &Step, _: &mut TestController| {
+        if matches!(step, Step::Storage(StorageStep::RecreateStatefulSet { .. })) {
+            grown = Some(Instant::now());
+        }
+        Ok(())
+    };
+    let log = converge(
+        ctl,
+        &[(NS, "shop")],
+        Duration::from_secs(300),
+        between,
+        after_step,
+    )
+    .await?;
+    let most = most.lock().expect("samples").clone();
+    Ok(Converged {
+        log,
+        most_down: most,
+        grown: grown.context("the StatefulSet was never created again")?,
+    })
+}
+
+fn storage_kinds(log: &ConvergeLog) -> Vec<&'static str> {
+    (log.steps.iter())
+        .filter_map(|(_, s)| match s {
+            Step::Storage(s) => Some(s.kind()),
+            Step::RestartMember { .. } => Some("RestartMember"),
+            _ => None,
+        })
+        .collect()
+}
+
+fn quota_of(spec: Option<&PodSpec>) -> Result<String> {
+    (spec.and_then(|s| s.containers.first()?.args.clone()))
+        .into_iter()
+        .flatten()
+        .find_map(|a| a.strip_prefix("--quota-backend-bytes=").map(str::to_string))
+        .context("no --quota-backend-bytes")
+}
+
+/// The `--quota-backend-bytes` of the StatefulSet's template and of every
+/// member pod.
+async fn quotas(world: &KubeWorld) -> Result<(String, Vec<String>)> {
+    let sts = Api::<StatefulSet>::namespaced(workload_client(world).await?, WORKLOAD_NS)
+        .get("shop-etcd")
+        .await?;
+    let pods: Vec<Pod> = member_pods(world, "shop").await?.into_values().collect();
+    let members = (pods.iter().map(|p| quota_of(p.spec.as_ref()))).collect::<Result<_>>()?;
+    Ok((quota_of(sts.spec.template.spec.as_ref())?, members))
+}
+
+fn claim_template_size(sts: &StatefulSet) -> Option<String> {
+    let claim = sts.spec.volume_claim_templates.as_ref()?.first()?;
+    let requests = claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?;
+    Some(requests.get("storage")?.0.clone())
+}
+
+#[test]
+fn real_node_resize_grows_every_volume_online_through_the_csi_resizer_and_the_quota_follows() {
+    in_csi_world(async |world| {
+        let mut ctl = sized_shop(world, "1Gi").await?;
+        ensure!(
+            claims(world).await? == vec![("1Gi".to_string(), "1Gi".to_string()); 3],
+            "claims before: {:?}",
+            claims(world).await?
+        );
+        let client = workload_client(world).await?;
+        let sts_uid = Api::<StatefulSet>::namespaced(client.clone(), WORKLOAD_NS)
+            .get("shop-etcd")
+            .await?
+            .uid();
+        let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+        let writer = FollowingWriter::start(
+            (endpoints.iter())
+                .map(|e| (e.clone(), config.clone()))
+                .collect(),
+            "resize",
+        );
+        let started = Instant::now();
+        patch_spec(
+            world,
+            "shop",
+            serde_json::json!({"storage": {"size": "2Gi"}}),
+        )?;
+        let Converged {
+            log,
+            most_down,
+            grown,
+        } = converge_counting_down(world, &mut ctl, Some(&writer), Down::NotReady).await?;
+        wait_ready_members(world, "shop", 3)?;
+        let took = started.elapsed();
+        let report = writer.stop().await?;
+
+        ensure!(
+            storage_kinds(&log)
+                == [
+                    "ExpandVolume",
+                    "ExpandVolume",
+                    "ExpandVolume",
+                    "RecreateStatefulSet",
+                    "RestartMember",
+                    "RestartMember",
+                    "RestartMember"
+                ],
+            "steps: {:?}",
+            log.steps
+        );
+        ensure!(most_down.len() <= 1, "members down at once: {most_down:?}");
+        ensure!(
+            claims(world).await? == vec![("2Gi".to_string(), "2Gi".to_string()); 3],
+            "claims after: {:?}",
+            claims(world).await?
+        );
+        ensure!(
+            volume_capacities(world).await? == vec!["2Gi".to_string(); 3],
+            "volumes after: {:?}",
+            volume_capacities(world).await?
+        );
+        let sts = Api::<StatefulSet>::namespaced(client, WORKLOAD_NS)
+            .get("shop-etcd")
+            .await?;
+        ensure!(
+            sts.uid() != sts_uid,
+            "the StatefulSet was not created again"
+        );
+        ensure!(
+            claim_template_size(&sts).as_deref() == Some("2Gi"),
+            "claim template {:?}",
+            claim_template_size(&sts)
+        );
+        let (template, members) = quotas(world).await?;
+        ensure!(
+            template == (1u64 << 30).to_string(),
+            "quota {template}: half of 2Gi"
+        );
+        ensure!(
+            members == vec![template.clone(); 3],
+            "member quotas {members:?}"
+        );
+        let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+        let checked = verify_acknowledged(&report, &endpoints, &config, "resize").await?;
+        ensure!(checked > 10, "the writer kept writing: {report:?}");
+        eprintln!(
+            "real-node resize 1Gi -> 2Gi: {:.1} s ({:.1} s until every volume grew), \
+             at most {} member down, {checked} acknowledged writes verified, longest pause {:?}",
+            took.as_secs_f64(),
+            (grown - started).as_secs_f64(),
+            most_down.len(),
+            report.longest_pause
+        );
+        Ok(())
+    });
+}
+
+/// Writes distinct keys (live data, which compaction cannot give back)
+/// until etcd refuses with NOSPACE; returns how many were written.
+async fn fill_to_nospace(world: &KubeWorld) -> Result<i64> {
+    let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+    let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
+    let value = vec![b'x'; 128 * 1024];
+    let mut written = 0;
+    loop {
+        match kv.put(format!("live/{written}"), value.clone(), None).await {
+            Ok(_) => written += 1,
+            Err(e) if e.to_string().contains("space exceeded") => return Ok(written),
+            Err(e) => return Err(e.into()),
+        }
+        ensure!(written < 100, "etcd never raised NOSPACE");
+    }
+}
+
+/// Reconciles until the NOSPACE recovery fails (it waits while a member's
+/// health check is slow to answer); returns its error.
+async fn nospace_error(ctl: &mut TestController) -> Result<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        match ctl.reconcile(NS, "shop").await {
+            Err(e) => return Ok(e.to_string()),
+            Ok(other) => ensure!(
+                std::time::Instant::now() < deadline,
+                "the NOSPACE recovery never failed: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[test]
+fn real_node_resize_cures_a_nospace_alarm_that_compaction_cannot() {
+    in_csi_world(async |world| {
+        // 8Mi claims, a 4 MiB quota.
+        let mut ctl = sized_shop(world, "8Mi").await?;
+        let written = fill_to_nospace(world).await?;
+        let err = nospace_error(&mut ctl).await?;
+        ensure!(
+            err.contains("NOSPACE persists") && err.contains("grow spec.storage.size"),
+            "{err}"
+        );
+
+        patch_spec(
+            world,
+            "shop",
+            serde_json::json!({"storage": {"size": "32Mi"}}),
+        )?;
+        let Converged { log, most_down, .. } =
+            converge_counting_down(world, &mut ctl, None, Down::NotRunning).await?;
+        wait_ready_members(world, "shop", 3)?;
+        let kinds: Vec<&str> = log.steps.iter().map(|(_, s)| s.kind()).collect();
+        let grow =
+            (kinds.iter().position(|k| *k == "RecreateStatefulSet")).context("no re-creation")?;
+        let cure =
+            (kinds.iter().position(|k| *k == "RecoverFromNoSpace")).context("no NOSPACE cure")?;
+        ensure!(
+            grow < cure,
+            "the volumes grow before the alarm is cured: {kinds:?}"
+        );
+        ensure!(most_down.len() <= 1, "members down at once: {most_down:?}");
+        ensure!(
+            claims(world).await? == vec![("32Mi".to_string(), "32Mi".to_string()); 3],
+            "claims after: {:?}",
+            claims(world).await?
+        );
+        let (template, members) = quotas(world).await?;
+        ensure!(
+            template == (16u64 << 20).to_string(),
+            "quota {template}: half of 32Mi"
+        );
+        ensure!(
+            members == vec![template.clone(); 3],
+            "member quotas {members:?}"
+        );
+        let status = get(world, "shop").await?.status.context("no status")?;
+        ensure!(
+            conditions::is_true(&status.conditions, conditions::AVAILABLE),
+            "not Available: {:?}",
+            status.conditions
+        );
+        let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+        let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
+        kv.put("after-growth", "ok", None).await?;
+        let count_only = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_count_only();
+        let kept = kv.get("live/", Some(count_only)).await?.count();
+        ensure!(
+            kept == written,
+            "{kept} of {written} keys written before NOSPACE kept"
+        );
+        Ok(())
+    });
+}
