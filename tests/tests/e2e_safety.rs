@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail, ensure};
 use etcdfleet_api::EtcdCluster;
 use etcdfleet_api::conditions::{self, AVAILABLE, CONFLICT};
 use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
@@ -1390,5 +1390,85 @@ async fn a_stale_copy_never_removes_a_member_before_its_failure_grace_on_the_liv
     let client = ClusterClient::connect(&endpoints[..1], &config).await?;
     assert_eq!(client.list_members().await?.len(), 3, "{result:?}");
     assert_eq!(ids(&get(&fleet, "etcd-a").await?), members_before);
+    Ok(())
+}
+
+/// The bootstrap writes the StatefulSet because none was observed. One that
+/// another writer makes between that read and the write is never taken
+/// over: the write is a server-side apply that is not forced, so it
+/// conflicts, and the next reconcile refuses the object owned elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_statefulset_made_by_another_writer_after_the_read_is_never_taken_over_by_the_bootstrap()
+-> Result<()> {
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let fleet = Fleet::new(&["a"]).await?;
+    let api: Api<StatefulSet> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let theirs: StatefulSet = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "etcd-etcd",
+            "namespace": WORKLOAD_NS,
+            "labels": {"etcdfleet.dev/owner": "team-b.other"},
+        },
+        "spec": {
+            "serviceName": "other",
+            "selector": {"matchLabels": {"app": "other"}},
+            "template": {
+                "metadata": {"labels": {"app": "other"}},
+                "spec": {"containers": [{"name": "app", "image": "other:1"}]},
+            },
+        },
+    }))?;
+    let other = api.clone();
+    fleet.workload_api("a").before_first_write(
+        etcdfleet_tests::fleet::WORKLOAD_USER,
+        "statefulsets",
+        Box::pin(async move {
+            let params = PostParams {
+                field_manager: Some("someone-else".into()),
+                ..Default::default()
+            };
+            other
+                .create(&params, &theirs)
+                .await
+                .expect("the other writer's create");
+        }),
+    );
+    create(&fleet, &cluster("etcd", "a", 1, "3.5.1")).await?;
+    let ctl = etcdfleet_tests::scenario::controller(&fleet);
+    let mut errors = Vec::new();
+    let blocked = loop {
+        ensure!(errors.len() < 5, "errors: {errors:?}");
+        fleet.sync_all().await?;
+        match ctl.reconcile(NS, "etcd").await {
+            Ok(Outcome::Blocked(why)) => break why,
+            Ok(Outcome::Acted(Step::Bootstrap { .. })) => bail!("the bootstrap took it over"),
+            Ok(Outcome::Acted(_) | Outcome::Waiting(_)) => {}
+            Ok(other) => bail!("unexpected {other:?}"),
+            Err(e) => errors.push(e.to_string()),
+        }
+    };
+    ensure!(
+        errors.len() == 1 && errors[0].to_lowercase().contains("conflict"),
+        "the bootstrap's write should conflict once: {errors:?}"
+    );
+    let after = api.get("etcd-etcd").await?;
+    ensure!(
+        after
+            .labels()
+            .get("etcdfleet.dev/owner")
+            .map(String::as_str)
+            == Some("team-b.other")
+            && after.spec.service_name.as_deref() == Some("other"),
+        "the StatefulSet is not as the other writer made it: {after:?}"
+    );
+    let (status, reason, message) =
+        conflict_of(&get(&fleet, "etcd").await?).context("no Conflict condition")?;
+    ensure!(
+        (status.as_str(), reason.as_str()) == ("True", "ObjectOwnedElsewhere")
+            && message.contains("StatefulSet/etcd-system/etcd-etcd (owned by team-b.other)"),
+        "{status} {reason} {message} ({blocked})"
+    );
     Ok(())
 }

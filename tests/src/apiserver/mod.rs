@@ -68,6 +68,15 @@ pub type UpgradeHandler = Arc<
         + Sync,
 >;
 
+/// What another writer does just before a user's first write to a
+/// resource: the race between a controller's read and its write, made
+/// certain.
+struct BeforeWrite {
+    user: String,
+    resource: String,
+    run: BoxFuture<'static, ()>,
+}
+
 pub(crate) struct Inner {
     name: String,
     store: Mutex<Store>,
@@ -77,6 +86,9 @@ pub(crate) struct Inner {
     /// Users whose writes are never answered (a server that hangs).
     hanging_writes: Mutex<BTreeSet<String>>,
     recorder: Mutex<Option<OpRecorder>>,
+    /// Runs once before the first write of a user to a resource
+    /// ([`ApiServer::before_first_write`]).
+    before_write: Mutex<Option<BeforeWrite>>,
     portforward: Mutex<Option<UpgradeHandler>>,
     /// Every request RBAC refused (403), as `user: verb resource ...`.
     denied: Mutex<Vec<String>>,
@@ -200,6 +212,15 @@ impl Inner {
         }
     }
 
+    /// The hook for `user`'s write to `path`, taken (it runs once).
+    fn take_before_write(&self, user: &str, path: &str) -> Option<BoxFuture<'static, ()>> {
+        let mut hook = self.before_write.lock().expect("lock");
+        let matches = hook.as_ref().is_some_and(|h| {
+            h.user == user && path.split('/').any(|segment| segment == h.resource)
+        });
+        matches.then(|| hook.take().map(|h| h.run)).flatten()
+    }
+
     fn unavailable_for(&self, user: &str) -> bool {
         self.unavailable.lock().expect("lock").contains(user)
     }
@@ -214,6 +235,11 @@ impl Inner {
     ) -> http::Response<ResponseBody> {
         let rejected = self.unavailable_for(user);
         self.record(user, parts, &bytes, rejected);
+        if parts.method != http::Method::GET
+            && let Some(run) = self.take_before_write(user, parts.uri.path())
+        {
+            run.await;
+        }
         if parts.method != http::Method::GET
             && self.hanging_writes.lock().expect("lock").contains(user)
         {
@@ -706,6 +732,7 @@ impl ApiServer {
             tokens: Mutex::new(BTreeMap::new()),
             unavailable: Mutex::new(BTreeSet::new()),
             hanging_writes: Mutex::new(BTreeSet::new()),
+            before_write: Mutex::new(None),
             recorder: Mutex::new(None),
             portforward: Mutex::new(None),
             denied: Mutex::new(Vec::new()),
@@ -822,6 +849,17 @@ current-context: {name}
     /// Records every request of a non-admin identity into `recorder`.
     pub fn set_recorder(&self, recorder: OpRecorder) {
         *self.inner.recorder.lock().expect("recorder lock") = Some(recorder);
+    }
+
+    /// Runs `run` once, just before the first write (any verb but GET) of
+    /// `user` to `resource` (e.g. `statefulsets`) is served: another writer
+    /// acting between a controller's read and its write.
+    pub fn before_first_write(&self, user: &str, resource: &str, run: BoxFuture<'static, ()>) {
+        *self.inner.before_write.lock().expect("lock") = Some(BeforeWrite {
+            user: user.into(),
+            resource: resource.into(),
+            run,
+        });
     }
 
     /// Makes every request of `user` answer 503 (recorded as rejected).

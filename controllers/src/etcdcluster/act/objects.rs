@@ -17,7 +17,7 @@ use super::super::context::{Context, Error, Result};
 use super::super::observe::Observed;
 use super::super::plan::step::ObjectKind;
 use super::pki;
-use super::target::{CERT_VALIDITY_DAYS, Target, apply};
+use super::target::{CERT_VALIDITY_DAYS, Target, apply, apply_new};
 use crate::access::{read_pki, secret_str};
 use crate::pki::{CertUsage, LeafSpec, issued_by, remaining_validity};
 use crate::render::{self, RenderInputs};
@@ -240,7 +240,7 @@ pub(super) async fn bootstrap(on: &Target<'_>, replicas: u32) -> Result<()> {
                 "existing",
             )
         };
-        apply(&cms, &render::members_configmap(inputs, &initial, state))
+        apply_new(&cms, &render::members_configmap(inputs, &initial, state))
             .await
             .map_err(err)?;
     }
@@ -254,7 +254,8 @@ pub(super) async fn bootstrap(on: &Target<'_>, replicas: u32) -> Result<()> {
     }
     let sts = render::statefulset(inputs, &ctx.profile, replicas as i32);
     let api = on.api::<StatefulSet>();
-    let stored = apply(&api, &sts).await.map_err(err)?;
+    // Planned because none was observed: made, never taken over.
+    let stored = apply_new(&api, &sts).await.map_err(err)?;
     record_admitted_image(&api, &stored, &ctx.profile.statefulset_hash(inputs), inputs)
         .await
         .map_err(err)?;

@@ -52,6 +52,26 @@ impl Target<'_> {
     }
 }
 
+/// Server-side apply of an object the observation found absent, not
+/// forced: an object someone else made since, with other values, is a
+/// conflict (409) instead of being taken over, and the next reconcile
+/// observes it (refused when another owner holds it).
+pub async fn apply_new<K>(api: &Api<K>, obj: &K) -> kube::Result<K>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let mut value = serde_json::to_value(obj).expect("objects serialize");
+    value["apiVersion"] = K::api_version(&Default::default()).into();
+    value["kind"] = K::kind(&Default::default()).into();
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Apply(&value),
+    )
+    .await
+}
+
 /// Server-side apply with this controller's field manager.
 pub async fn apply<K>(api: &Api<K>, obj: &K) -> kube::Result<K>
 where
