@@ -6,6 +6,24 @@
 //! with a fraction of a byte is rounded up, as the API server rounds a
 //! quantity's integer value.
 
+/// `bytes` as a person reads a volume size: the largest binary suffix that
+/// divides it exactly (`2Gi`, `1536Mi`), else a plain count (`1000 bytes`).
+pub fn display(bytes: i64) -> String {
+    const SUFFIXES: [(&str, u32); 6] = [
+        ("Ei", 60),
+        ("Pi", 50),
+        ("Ti", 40),
+        ("Gi", 30),
+        ("Mi", 20),
+        ("Ki", 10),
+    ];
+    SUFFIXES
+        .iter()
+        .find(|(_, shift)| bytes != 0 && bytes % (1i64 << shift) == 0)
+        .map(|(suffix, shift)| format!("{}{suffix}", bytes >> shift))
+        .unwrap_or_else(|| format!("{bytes} bytes"))
+}
+
 /// The number of bytes `quantity` stands for, or why it is not a size.
 pub fn bytes(quantity: &str) -> Result<i64, String> {
     let q = quantity.trim();
@@ -72,7 +90,21 @@ fn multiplier(suffix: &str) -> Option<(u128, i32)> {
 
 #[cfg(test)]
 mod tests {
-    use super::bytes;
+    use super::{bytes, display};
+
+    #[test]
+    fn sizes_are_shown_with_the_largest_exact_binary_suffix() {
+        for (b, want) in [
+            (1 << 30, "1Gi"),
+            (2 << 30, "2Gi"),
+            (1536 << 20, "1536Mi"),
+            (8 << 20, "8Mi"),
+            (1000, "1000 bytes"),
+            (0, "0 bytes"),
+        ] {
+            assert_eq!(display(b), want, "{b}");
+        }
+    }
 
     #[test]
     fn sizes_in_every_suffix_are_counted_in_bytes() {

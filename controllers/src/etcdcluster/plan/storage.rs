@@ -14,7 +14,7 @@ pub mod sizes;
 use super::members::Members;
 use super::observation::{Expansion, Observation};
 use super::step::{Plan, Refusal, Step, StorageStep};
-use overlap::waits_for;
+use overlap::{Overlap, waits_for};
 use sizes::{Sizes, sizes};
 
 /// Rule: a storage change the volumes cannot take is refused, and nothing
@@ -97,11 +97,15 @@ pub(super) fn grow(m: &Members) -> Option<Plan> {
     if !sizes.claims_growing() && !sizes.template_left() {
         return None;
     }
-    if let Some(why) = waits_for(m, sizes.started()) {
-        return Some(Plan::Wait(format!(
-            "volume growth to {} waits: {why}",
-            obs.storage.size
-        )));
+    match waits_for(m, sizes.started()) {
+        Some(Overlap::Wait(why)) => {
+            return Some(Plan::Wait(format!(
+                "volume growth to {} waits: {why}",
+                obs.storage.size
+            )));
+        }
+        Some(Overlap::Yield) => return None,
+        None => {}
     }
     if let Some(plan) = resizing(m, &sizes) {
         return Some(plan);
@@ -180,8 +184,8 @@ fn resizing(m: &Members, sizes: &Sizes) -> Option<Plan> {
     Some(Plan::Wait(format!(
         "the volume of {} is growing: {} of {}{}",
         obs.names.pod(*ordinal),
-        capacity.map_or("unknown".into(), |c| format!("{c} bytes")),
-        requested.map_or("unknown".into(), |r| format!("{r} bytes")),
+        capacity.map_or("unknown".into(), etcdfleet_api::quantity::display),
+        requested.map_or("unknown".into(), etcdfleet_api::quantity::display),
         claim
             .error
             .as_ref()

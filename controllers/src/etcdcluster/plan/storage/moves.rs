@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use super::super::members::Members;
 use super::super::observation::{EtcdObservation, Observation, TargetClass};
 use super::super::step::{Plan, Refusal, RemovalCause, Step, StorageStep};
+use super::overlap::Overlap;
 
 /// The StatefulSet's claim template names another class than the spec asks.
 pub fn move_pending(obs: &Observation) -> bool {
@@ -120,7 +121,7 @@ pub fn unprovisioned(obs: &Observation) -> Option<Plan> {
 pub fn move_members(m: &Members) -> Option<Plan> {
     let obs = m.obs;
     if move_pending(obs) {
-        return Some(recreate(m));
+        return recreate(m);
     }
     let spare = obs.storage.spare?;
     let class = obs.storage.class.as_ref()?;
@@ -166,20 +167,30 @@ pub fn move_members(m: &Members) -> Option<Plan> {
 }
 
 /// The StatefulSet created again with the new class, once nothing that came
-/// first is under way.
-fn recreate(m: &Members) -> Plan {
+/// first is under way (`None`: a later rule drives what comes first).
+fn recreate(m: &Members) -> Option<Plan> {
     let obs = m.obs;
-    if let Some(why) = super::overlap::waits_for(m, false) {
-        return Plan::Wait(format!("the move to another StorageClass waits: {why}"));
+    match super::overlap::waits_for(m, false) {
+        Some(Overlap::Wait(why)) => {
+            return Some(Plan::Wait(format!(
+                "the move to another StorageClass waits: {why}"
+            )));
+        }
+        Some(Overlap::Yield) => return None,
+        None => {}
     }
     if m.sts.deleting {
-        return Plan::Wait("the move waits: the old StatefulSet is still being deleted".into());
+        return Some(Plan::Wait(
+            "the move waits: the old StatefulSet is still being deleted".into(),
+        ));
     }
     if let Some(why) = super::super::version::statefulset_held(obs) {
-        return Plan::Wait(format!("re-creating the StatefulSet waits: {why}"));
+        return Some(Plan::Wait(format!(
+            "re-creating the StatefulSet waits: {why}"
+        )));
     }
-    Plan::Act(Step::Storage(StorageStep::RecreateStatefulSet {
+    Some(Plan::Act(Step::Storage(StorageStep::RecreateStatefulSet {
         class: obs.storage.class.clone(),
         size: obs.storage.size.clone(),
-    }))
+    })))
 }
