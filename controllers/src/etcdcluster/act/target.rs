@@ -61,15 +61,7 @@ where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let mut value = serde_json::to_value(obj).expect("objects serialize");
-    value["apiVersion"] = K::api_version(&Default::default()).into();
-    value["kind"] = K::kind(&Default::default()).into();
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::apply(FIELD_MANAGER),
-        &Patch::Apply(&value),
-    )
-    .await
+    server_side_apply(api, obj, PatchParams::apply(FIELD_MANAGER)).await
 }
 
 /// Server-side apply with this controller's field manager.
@@ -78,15 +70,19 @@ where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
     K::DynamicType: Default,
 {
+    server_side_apply(api, obj, PatchParams::apply(FIELD_MANAGER).force()).await
+}
+
+async fn server_side_apply<K>(api: &Api<K>, obj: &K, params: PatchParams) -> kube::Result<K>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
     let mut value = serde_json::to_value(obj).expect("objects serialize");
     value["apiVersion"] = K::api_version(&Default::default()).into();
     value["kind"] = K::kind(&Default::default()).into();
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&value),
-    )
-    .await
+    api.patch(&obj.name_any(), &params, &Patch::Apply(&value))
+        .await
 }
 
 /// Deletes exactly the object that was observed (UID and resourceVersion
