@@ -480,15 +480,24 @@ async fn cluster_id(
     Ok(client.leader().await?.1.cluster_id)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn storage_class_move_replaces_members_one_at_a_time_through_a_controller_restart()
--> Result<()> {
+/// `etcd-a` on class `old`, a writer running, its class just set to `new`.
+struct Moving {
+    fleet: Fleet,
+    ctl: TestController,
+    endpoints: Vec<String>,
+    config: etcdfleet_controllers::etcd::EtcdConfig,
+    /// The etcd cluster id before the move.
+    id: u64,
+    writer: AckedWriter,
+}
+
+async fn moving_to_new() -> Result<Moving> {
     require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
     let fleet = Fleet::new(&["a"]).await?;
     grant_cluster_reads(&fleet)?;
     storage_class(&fleet, "old", false).await?;
     storage_class(&fleet, "new", false).await?;
-    let mut ctl = create_sized(&fleet, "old", "1Gi").await?;
+    let ctl = create_sized(&fleet, "old", "1Gi").await?;
     let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
     let id = cluster_id(&endpoints, &config).await?;
     let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
@@ -498,6 +507,27 @@ async fn storage_class_move_replaces_members_one_at_a_time_through_a_controller_
         serde_json::json!({"storage": {"storageClassName": "new"}}),
     )
     .await?;
+    Ok(Moving {
+        fleet,
+        ctl,
+        endpoints,
+        config,
+        id,
+        writer,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storage_class_move_replaces_members_one_at_a_time_through_a_controller_restart()
+-> Result<()> {
+    let Moving {
+        fleet,
+        mut ctl,
+        endpoints,
+        config,
+        id,
+        writer,
+    } = moving_to_new().await?;
 
     // A fresh controller (nothing in memory) after every membership step.
     let mut restarts = 0;
@@ -586,17 +616,15 @@ async fn reconcile_until(fleet: &Fleet, ctl: &mut TestController, wanted: &Step)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn storage_class_move_reverted_half_way_brings_every_member_back_to_the_first_class()
 -> Result<()> {
-    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
-    let fleet = Fleet::new(&["a"]).await?;
-    grant_cluster_reads(&fleet)?;
-    storage_class(&fleet, "old", false).await?;
-    storage_class(&fleet, "new", false).await?;
-    let mut ctl = create_sized(&fleet, "old", "1Gi").await?;
-    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
-    let id = cluster_id(&endpoints, &config).await?;
-    let writer = AckedWriter::start(endpoints.clone(), config.clone(), "acked").await?;
+    let Moving {
+        fleet,
+        mut ctl,
+        endpoints,
+        config,
+        id,
+        writer,
+    } = moving_to_new().await?;
     let class = |name: &str| serde_json::json!({"storage": {"storageClassName": name}});
-    patch_spec(&fleet, "etcd-a", class("new")).await?;
     // Half way: the spare (3) and ordinal 2 are on `new`, 0 and 1 on `old`.
     reconcile_until(&fleet, &mut ctl, &Step::AddLearner { ordinal: 2 }).await?;
     patch_spec(&fleet, "etcd-a", class("old")).await?;
