@@ -204,7 +204,7 @@ where
             let key = format!("{ns}/{name}");
             match controller.reconcile(ns, name).await {
                 Ok(Outcome::Acted(step)) => {
-                    eprintln!("[{key}] {step}");
+                    eprintln!("[{} {key}] {step}", k8s_openapi::jiff::Timestamp::now());
                     after_step(&key, &step, controller)?;
                     log.steps.push((key.clone(), step.clone()));
                     log.last.push((key, Outcome::Acted(step)));
@@ -215,7 +215,7 @@ where
                     // the controller waited for, and when.
                     let said = format!("{outcome:?}");
                     if log.last_said.get(&key) != Some(&said) {
-                        eprintln!("[{key}] {said}");
+                        eprintln!("[{} {key}] {said}", k8s_openapi::jiff::Timestamp::now());
                         log.last_said.insert(key.clone(), said);
                     }
                     log.last.push((key, outcome));

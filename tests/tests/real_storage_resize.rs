@@ -153,14 +153,47 @@ async fn members_down(world: &KubeWorld, down: Down) -> Result<Vec<String>> {
     let pods = member_pods(world, "shop").await?;
     let describe = |o: u32| match pods.get(&o) {
         None => format!("{o}: no pod"),
-        Some(p) => format!(
-            "{o}: deleting {}, status {:?}",
-            p.metadata.deletion_timestamp.is_some(),
-            p.status.as_ref().map(|s| (&s.phase, &s.conditions))
-        ),
+        Some(p) => describe_pod(o, p),
     };
     let down = (0..3).filter(|o| !pods.get(o).is_some_and(|p| is_up(p, down)));
     Ok(down.map(describe).collect())
+}
+
+/// A member pod as a failure message needs it: which pod (uid, start),
+/// whether it is being deleted, its Ready condition and when it last
+/// changed, and its etcd container (ready, restarts, since when it runs).
+fn describe_pod(ordinal: u32, pod: &Pod) -> String {
+    let status = pod.status.as_ref();
+    let ready = (status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten())
+    .find(|c| c.type_ == "Ready")
+    .map(|c| {
+        (
+            c.status.clone(),
+            c.last_transition_time.as_ref().map(|t| t.0),
+        )
+    });
+    let etcd = (status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten())
+    .find(|c| c.name == "etcd")
+    .map(|c| {
+        let since = c
+            .state
+            .as_ref()
+            .and_then(|s| s.running.as_ref()?.started_at.clone());
+        (c.ready, c.restart_count, since.map(|t| t.0))
+    });
+    format!(
+        "{ordinal}: uid {:?}, started {:?}, deleting {}, Ready {ready:?}, etcd (ready, restarts, \
+         running since) {etcd:?}",
+        pod.uid(),
+        status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+        pod.metadata.deletion_timestamp.is_some(),
+    )
 }
 
 /// What [`converge_counting_down`] saw.
@@ -172,11 +205,27 @@ struct Converged {
     grown: Instant,
 }
 
+/// The most members seen down at once, and the last sample (printed with
+/// the time whenever it changes: a failing run's log shows how the pods
+/// went between the controller's steps).
+#[derive(Default)]
+struct Samples {
+    most: Vec<String>,
+    last: Vec<String>,
+}
+
 /// Keeps `now` in `most` when more members are down in it.
-fn keep_most(most: &Mutex<Vec<String>>, now: Vec<String>) {
-    let mut most = most.lock().expect("samples");
-    if now.len() > most.len() {
-        *most = now;
+fn keep_most(samples: &Mutex<Samples>, now: Vec<String>) {
+    let mut samples = samples.lock().expect("samples");
+    if now != samples.last {
+        eprintln!(
+            "[{}] members down: {now:?}",
+            k8s_openapi::jiff::Timestamp::now()
+        );
+        samples.last = now.clone();
+    }
+    if now.len() > samples.most.len() {
+        samples.most = now;
     }
 }
 
@@ -189,7 +238,7 @@ async fn converge_counting_down(
     writer: Option<&FollowingWriter>,
     down: Down,
 ) -> Result<Converged> {
-    let most = Arc::new(Mutex::new(Vec::new()));
+    let most = Arc::new(Mutex::new(Samples::default()));
     let between = || {
         let most = most.clone();
         async move {
@@ -221,7 +270,7 @@ async fn converge_counting_down(
         after_step,
     )
     .await?;
-    let most = most.lock().expect("samples").clone();
+    let most = most.lock().expect("samples").most.clone();
     Ok(Converged {
         log,
         most_down: most,
