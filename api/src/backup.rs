@@ -20,7 +20,8 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::destination::{
-    BackupSpec, CRON_SHAPE_MESSAGE, CRON_SHAPE_RULE, DURATION_RULE, ObjectStoreDestination,
+    BackupSpec, CRON_SHAPE_MESSAGE, CRON_SHAPE_RULE, DURATION_RULE, DrillPolicy,
+    ObjectStoreDestination,
 };
 
 /// Label on an `EtcdBackup` naming the cluster it is of.
@@ -63,6 +64,11 @@ pub mod condition {
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Size", type_ = "integer", json_path = ".status.sizeBytes"),
     printcolumn(name = "Revision", type_ = "integer", json_path = ".status.revision"),
+    printcolumn(
+        name = "Drill",
+        type_ = "string",
+        json_path = ".status.lastDrill.result"
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -133,6 +139,85 @@ pub struct EtcdBackupStatus {
     /// Earliest time of the next attempt after a failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<Time>,
+    /// What the data held when the snapshot was stored, from the member it
+    /// came from: the drill of this backup compares against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<DataFingerprint>,
+    /// The last restore drill of this backup. A failed one makes the backup
+    /// unfit for automatic recovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_drill: Option<DrillResult>,
+}
+
+/// What a snapshot's data is, told by the member it was taken from, right
+/// after it was stored: etcd's hash of the keyspace (`HashKV`, the hash its
+/// members compare with each other) at `revision`, with the compaction it
+/// was taken after, and how many keys there were at `revision`. `revision`
+/// is the member's revision when the snapshot started, so the snapshot
+/// holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataFingerprint {
+    pub revision: i64,
+    /// The compacted revision the hash was computed above.
+    pub compact_revision: i64,
+    /// etcd's CRC-32 (Castagnoli) of the key space at `revision`.
+    pub hash: i64,
+    /// Keys at `revision`.
+    pub key_count: i64,
+}
+
+/// Results of a restore drill.
+pub mod drill_result {
+    /// The backup restored and matched what it recorded.
+    pub const PASSED: &str = "Passed";
+    /// The backup did not restore, or not to what it recorded.
+    pub const FAILED: &str = "Failed";
+    /// The drill could not run (its pod, the store, a timeout): it says
+    /// nothing of the backup.
+    pub const ERROR: &str = "Error";
+    /// The drill runs (`drillInProgress` only).
+    pub const RUNNING: &str = "Running";
+}
+
+/// One restore drill: which backup, when, what it found, how long the
+/// restore took.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrillResult {
+    /// The EtcdBackup drilled.
+    pub backup: String,
+    pub started_at: Option<Time>,
+    pub completed_at: Option<Time>,
+    /// `Passed`, `Failed` (the backup) or `Error` (the drill).
+    pub result: String,
+    /// Why it failed (CamelCase), absent when it passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What was checked, or what did not match.
+    pub message: String,
+    /// From the start of the download to the first read the restored etcd
+    /// served: the time a restore of this backup takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_millis: Option<i64>,
+    /// Bytes of the snapshot restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_bytes: Option<i64>,
+    /// The restored etcd's revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// Keys the restored etcd held at the fingerprint's revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_count: Option<i64>,
+    /// The etcd version the drill ran (the backup's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_version: Option<String>,
+}
+
+impl DrillResult {
+    pub fn passed(&self) -> bool {
+        self.result == drill_result::PASSED
+    }
 }
 
 /// Retention of a schedule's backups.
@@ -172,6 +257,11 @@ pub struct RetentionPolicy {
     ),
     printcolumn(name = "NextRun", type_ = "date", json_path = ".status.nextRunTime"),
     printcolumn(
+        name = "Drill",
+        type_ = "string",
+        json_path = ".status.lastDrill.result"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -203,6 +293,11 @@ pub struct EtcdBackupScheduleSpec {
     /// Where the snapshots go (default: the cluster's `spec.backup.destination`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<ObjectStoreDestination>,
+
+    /// Restore drills of this schedule's backups (default: the cluster's
+    /// `spec.backup.drill`; none when neither sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<DrillPolicy>,
 }
 
 /// Observed state of an `EtcdBackupSchedule`.
@@ -236,6 +331,15 @@ pub struct EtcdBackupScheduleStatus {
     /// When it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure_time: Option<Time>,
+    /// The drill running now (its pod is in the workload cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill_in_progress: Option<DrillResult>,
+    /// The last finished restore drill of this schedule's backups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_drill: Option<DrillResult>,
+    /// When the next drill is due, or what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_drill: Option<String>,
 }
 
 // ---- pure decisions ----

@@ -37,6 +37,36 @@ pub struct BackupSpec {
     /// Where snapshots go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<ObjectStoreDestination>,
+    /// Restore drills of the scheduled backups (default: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<DrillPolicy>,
+}
+
+/// Restore drills: the newest successful backup of a schedule restored, on
+/// a schedule, into a scratch one-member etcd of the backup's own version
+/// (a pod in the workload cluster's etcd namespace, on an `emptyDir`, never
+/// reachable from outside its pod), compared with the fingerprint recorded
+/// when it was taken, read, timed and removed (docs/backups.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrillPolicy {
+    /// Drill every Nth successful backup of the schedule: 1 drills each
+    /// one, 4 one in four (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("drill.everyNthBackup must be at least 1"))]
+    pub every_nth_backup: Option<i32>,
+    /// How long a passed drill counts as proof, e.g. `7d` (default `7d`):
+    /// past it, the cluster's `BackupsRestorable` condition turns Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(DURATION_RULE).message(DURATION_MESSAGE))]
+    pub fresh_for: Option<String>,
+    /// Nodes of the workload cluster the drill pod may run on (labels), to
+    /// keep it off the members' nodes, for example.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<std::collections::BTreeMap<String, String>>,
+    /// Run no drills while true (the last result stays, and ages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
 }
 
 /// Where snapshots go: an S3-compatible bucket (`bucket`) or a directory on

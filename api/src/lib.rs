@@ -8,6 +8,7 @@ pub mod backup;
 pub mod ca_rotation;
 pub mod conditions;
 pub mod destination;
+pub mod drill;
 pub mod quantity;
 pub mod recovery;
 pub mod restore;

@@ -187,6 +187,13 @@ pub struct ControllerConfig {
     /// A cluster whose CA expires within this many days has its CA rotated
     /// (`status.caRotation`, request `expiry-…`); 0 turns it off.
     pub ca_rotate_before_days: u64,
+    /// Restore drills (docs/backups.md) running at once in this controller,
+    /// across every cluster it owns.
+    pub max_concurrent_drills: u16,
+    /// A drill whose scratch etcd has served no read after this many
+    /// seconds ends as an error (its pod not scheduled, an image not
+    /// pulled) and is removed.
+    pub drill_timeout_seconds: u64,
     /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
     #[serde(skip)]
     selector: LabelSelector,
@@ -210,6 +217,8 @@ impl Default for ControllerConfig {
             shutdown_grace_seconds: 10,
             seeder_image: DEFAULT_SEEDER_IMAGE.to_string(),
             ca_rotate_before_days: 90,
+            max_concurrent_drills: 2,
+            drill_timeout_seconds: 900,
             selector: LabelSelector::default(),
         }
     }
@@ -238,6 +247,8 @@ pub struct Overrides {
     pub otlp_endpoint: Option<String>,
     pub seeder_image: Option<String>,
     pub ca_rotate_before_days: Option<u64>,
+    pub max_concurrent_drills: Option<u16>,
+    pub drill_timeout_seconds: Option<u64>,
 }
 
 impl ControllerConfig {
@@ -350,6 +361,12 @@ impl ControllerConfig {
         if let Some(v) = o.seeder_image {
             self.seeder_image = v;
         }
+        if let Some(v) = o.max_concurrent_drills {
+            self.max_concurrent_drills = v;
+        }
+        if let Some(v) = o.drill_timeout_seconds {
+            self.drill_timeout_seconds = v;
+        }
         self
     }
 
@@ -377,6 +394,8 @@ impl ControllerConfig {
                 u64::from(self.max_concurrent_reconciles),
             ),
             ("shutdownGraceSeconds", self.shutdown_grace_seconds),
+            ("maxConcurrentDrills", u64::from(self.max_concurrent_drills)),
+            ("drillTimeoutSeconds", self.drill_timeout_seconds),
         ] {
             if value == 0 {
                 return Err(invalid(field, "must be greater than zero"));

@@ -123,6 +123,7 @@ pub struct Metrics {
     ca_rotation_phases: Mutex<HashMap<String, Vec<String>>>,
     /// Recoveries from a lost quorum started, per cluster.
     quorum_loss_recoveries: Family<ClusterLabels, Counter>,
+    drills: DrillSeries,
 }
 
 impl Default for Metrics {
@@ -236,7 +237,9 @@ impl Metrics {
             rollout_writes,
             rollout_clusters,
         } = RolloutSeries::register(&mut r);
+        let drills = DrillSeries::register(&mut r);
         Metrics {
+            drills,
             registry: r,
             ca_rotation_phase,
             ca_rotation_phases: Mutex::new(HashMap::new()),
@@ -475,6 +478,35 @@ impl Metrics {
         self.backup_duration.observe(took.as_secs_f64());
     }
 
+    /// The last finished restore drill of `cluster`: `restorable` (1 the
+    /// backup restored to what it recorded, 0 it did not; no series after
+    /// a drill that could not run), how long the restore took, and when.
+    pub fn observe_drill(
+        &self,
+        cluster: &str,
+        restorable: Option<bool>,
+        restore: Option<Duration>,
+        completed: std::time::SystemTime,
+    ) {
+        let labels = cluster_labels(cluster);
+        if let Some(ok) = restorable {
+            self.drills
+                .restorable
+                .get_or_create(&labels)
+                .set(i64::from(ok));
+        }
+        if let Some(took) = restore {
+            self.drills
+                .duration
+                .get_or_create(&labels)
+                .set(took.as_secs_f64());
+        }
+        let at = completed
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.drills.completed.get_or_create(&labels).set(at);
+    }
+
     /// Counts a recovery from a lost quorum started on `cluster`.
     pub fn observe_recovery_started(&self, cluster: &str) {
         self.quorum_loss_recoveries
@@ -500,6 +532,9 @@ impl Metrics {
         self.cluster_voters.remove(&labels);
         self.cluster_healthy_voters.remove(&labels);
         self.quorum_loss_recoveries.remove(&labels);
+        self.drills.restorable.remove(&labels);
+        self.drills.duration.remove(&labels);
+        self.drills.completed.remove(&labels);
         for certificate in ["ca", "client"] {
             self.set_certificate_expiry(cluster, certificate, None);
         }
@@ -604,6 +639,40 @@ impl BackupSeries {
             backup_size,
             backup_duration,
             backup_failures,
+        }
+    }
+}
+
+/// The restore drill series, registered together.
+struct DrillSeries {
+    restorable: Family<ClusterLabels, Gauge>,
+    duration: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    completed: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+impl DrillSeries {
+    fn register(r: &mut Registry) -> Self {
+        DrillSeries {
+            restorable: registered(
+                r,
+                "backup_restorable",
+                "1 when the last restore drill of the cluster's backups restored what the backup \
+                 recorded, 0 when it did not",
+                Family::default(),
+            ),
+            duration: registered(
+                r,
+                "backup_drill_duration_seconds",
+                "How long the last drill's restore took, from the start of the download to the \
+                 first read served, by cluster",
+                Family::default(),
+            ),
+            completed: registered(
+                r,
+                "backup_drill_completed_timestamp_seconds",
+                "When the last restore drill of the cluster's backups finished (Unix seconds)",
+                Family::default(),
+            ),
         }
     }
 }

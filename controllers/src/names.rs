@@ -51,6 +51,11 @@ impl Names {
     pub fn restore_secret(&self) -> String {
         format!("{}-etcd-restore", self.cluster)
     }
+    /// A restore drill's pod, and its credentials Secret (workload
+    /// namespace; `ordinal_of` never takes it for a member).
+    pub fn drill_pod(&self) -> String {
+        format!("{}-etcd-drill", self.cluster)
+    }
     pub fn pki_secret(&self) -> String {
         format!("{}-etcd-pki", self.cluster)
     }

@@ -428,12 +428,18 @@ fn start_controllers(
     {
         let (ctx, namespaces, shutdown) =
             (ctx.clone(), config.namespaces.clone(), shutdown.clone());
+        let drills = crate::backup::drill::DrillSettings {
+            seeder_image: config.seeder_image.clone(),
+            max_concurrent: usize::from(config.max_concurrent_drills),
+            timeout: std::time::Duration::from_secs(config.drill_timeout_seconds),
+            ..Default::default()
+        };
         loops.spawn(async move {
             let stop = move || {
                 let shutdown = shutdown.clone();
                 async move { shutdown.wait().await }
             };
-            crate::backup::run(ctx, &namespaces, stop).await;
+            crate::backup::run(ctx, &namespaces, drills, stop).await;
         });
     }
     loops

@@ -10,7 +10,11 @@ use etcdfleet_api::{EtcdCluster, ObjectStoreDestination};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
-use crate::etcd::{ClusterHealth, EtcdConfig, EtcdError, MemberClient, MemberObservation};
+use tracing::warn;
+
+use crate::etcd::{
+    ClusterHealth, EtcdConfig, EtcdError, Fingerprint, MemberClient, MemberObservation,
+};
 use crate::store::{Store, StoreError};
 
 /// Why a snapshot could not be taken and stored.
@@ -49,6 +53,10 @@ pub struct Taken {
     pub revision: i64,
     pub etcd_version: String,
     pub member: String,
+    /// The member's fingerprint at `revision`, asked right after the
+    /// snapshot was stored (`None`: it could not answer, said in the log;
+    /// the backup stands, its drill compares less).
+    pub fingerprint: Option<Fingerprint>,
 }
 
 /// Takes one snapshot of `cluster` into `store` at `destination` from a
@@ -101,7 +109,16 @@ pub async fn take_from(
         taken_at: now.to_string(),
     };
     let (metadata_key, stored) = store_snapshot(store, &member, metadata).await?;
+    let fingerprint = match member.fingerprint(revision).await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            warn!(cluster = %cluster.name_any(), object = %key, error = %e,
+                "the snapshot is stored, but its member could not fingerprint revision {revision}");
+            None
+        }
+    };
     Ok(Taken {
+        fingerprint,
         destination,
         object_key: key,
         metadata_key,

@@ -572,7 +572,7 @@ impl MemberClient {
     /// One RPC on this member within its deadline (`within` picks it), as
     /// [`ClusterClient::ask`] but without a retry: this client has no other
     /// member to ask.
-    async fn ask<T, Fut>(
+    pub(crate) async fn ask<T, Fut>(
         &self,
         op: &'static str,
         within: fn(&Deadlines) -> Duration,

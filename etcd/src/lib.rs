@@ -13,6 +13,7 @@ pub mod call;
 pub mod client;
 pub mod downgrade;
 pub mod error;
+pub mod fingerprint;
 pub mod health;
 pub mod member;
 pub mod pool;
@@ -24,6 +25,7 @@ pub use client::{
 };
 pub use downgrade::DowngradeAnswer;
 pub use error::EtcdError;
+pub use fingerprint::Fingerprint;
 pub use health::{ClusterHealth, MemberObservation, UnsafeReason, quorum};
 pub use member::{Alarm, AlarmKind, Member, MemberStatus};
 pub use pool::{ClientPool, PoolSettings};

@@ -177,6 +177,7 @@ fn schedule(
             }),
             suspend: None,
             destination: Some(destination),
+            drill: None,
         },
     );
     s.metadata.namespace = Some(NS.into());

@@ -287,6 +287,7 @@ fn every_alert_parses_names_exported_metrics_and_says_what_to_fix() {
     for needed in [
         "EtcdfleetQuorumLossRecovered",
         "EtcdfleetBackupTooOld",
+        "EtcdfleetBackupNotRestorable",
         "EtcdfleetClusterNotAvailable",
         "EtcdfleetQuorumAtRisk",
         "EtcdfleetCertificateExpiresSoon",
@@ -339,6 +340,14 @@ fn fleet_metrics() -> String {
         m.set_certificate_expiry(cluster, "client", Some(300 * day));
         m.observe_backup_recorded(cluster, now - Duration::from_secs(3600), Some(1 << 20));
     }
+    // A passed drill (quiet) and one whose backup did not restore (fires).
+    m.observe_drill("t/healthy", Some(true), Some(Duration::from_secs(4)), now);
+    m.observe_drill(
+        "t/unrestorable",
+        Some(false),
+        Some(Duration::from_secs(3)),
+        now,
+    );
     m.set_cluster_members("t/at-risk", 3, 2);
     // Five voters can lose two: one down leaves room for one more.
     m.set_cluster_members("t/five-ok", 5, 4);
@@ -459,6 +468,10 @@ fn each_alert_fires_on_the_state_it_names_and_never_on_a_healthy_cluster() {
             ],
         ),
         ("EtcdfleetBackupTooOld", vec![]),
+        (
+            "EtcdfleetBackupNotRestorable",
+            vec![cluster("t/unrestorable")],
+        ),
         (
             "EtcdfleetCertificateExpiresSoon",
             vec![serde_json::json!({ "cluster": "t/expiring", "certificate": "client" })],

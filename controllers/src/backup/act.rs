@@ -88,7 +88,7 @@ pub async fn take(
 /// Where the cluster's members run and whether they speak TLS, as its own
 /// spec resolves (a cluster is backed up only once its template values are
 /// in its spec: see `cluster_not_ready`).
-fn members_of(cluster: &EtcdCluster) -> Option<(Names, bool)> {
+pub(super) fn members_of(cluster: &EtcdCluster) -> Option<(Names, bool)> {
     let mut own = cluster.spec.clone();
     own.template_ref = None;
     let resolved = etcdfleet_api::template::resolve(None, None, &own)

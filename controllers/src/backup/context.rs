@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::drill::settings::{DrillSettings, DrillSlots};
 use crate::access::Access;
 
 /// The time source of the backup reconcilers (tests move it forward).
@@ -26,6 +27,10 @@ pub use crate::access::SharedAccess;
 pub struct Context {
     shared: SharedAccess,
     pub clock: Clock,
+    /// How restore drills run.
+    pub drills: DrillSettings,
+    /// The drills running in this process.
+    pub(super) drill_slots: DrillSlots,
     /// Clusters (`namespace/name`) with a backup streaming in this process.
     busy_clusters: Mutex<HashSet<String>>,
 }
@@ -42,8 +47,16 @@ impl Context {
         Context {
             shared,
             clock,
+            drills: DrillSettings::default(),
+            drill_slots: DrillSlots::default(),
             busy_clusters: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The same context, running drills as `drills` says.
+    pub fn with_drills(mut self, drills: DrillSettings) -> Self {
+        self.drills = drills;
+        self
     }
 
     /// How the clusters are reached.
@@ -91,6 +104,8 @@ impl Drop for BusyGuard<'_> {
 pub enum Error {
     #[error("management API: {0}")]
     ManagementApi(#[source] kube::Error),
+    #[error("restore drill: {0}")]
+    Drill(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

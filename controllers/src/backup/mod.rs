@@ -13,6 +13,7 @@
 
 pub mod act;
 pub mod context;
+pub mod drill;
 pub mod observe;
 pub mod plan;
 pub mod schedule;
@@ -174,8 +175,12 @@ async fn report(
 /// or the given ones) until `shutdown()` resolves. Owner filtering follows
 /// the cluster reconciler's: a backup of a cluster another controller owns
 /// is left alone.
-pub async fn run<C, F, Fut>(cluster_ctx: Arc<C>, namespaces: &[String], shutdown: F)
-where
+pub async fn run<C, F, Fut>(
+    cluster_ctx: Arc<C>,
+    namespaces: &[String],
+    drills: drill::DrillSettings,
+    shutdown: F,
+) where
     C: AsRef<Access> + Send + Sync + 'static,
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
@@ -186,7 +191,7 @@ where
 
     use crate::shutdown::drain_if_started;
 
-    let ctx = Arc::new(Context::new(cluster_ctx));
+    let ctx = Arc::new(Context::new(cluster_ctx).with_drills(drills));
     let client = ctx.access().management.clone();
     let scopes: Vec<Option<&str>> = if namespaces.is_empty() {
         vec![None]

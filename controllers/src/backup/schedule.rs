@@ -67,7 +67,11 @@ pub fn plan_schedule(o: &ScheduleObservation) -> SchedulePlan {
 pub enum ScheduleOutcome {
     Created(String),
     Pruned(String),
-    Idle { next_run: Option<Timestamp> },
+    Idle {
+        next_run: Option<Timestamp>,
+    },
+    /// A restore drill is under way: looked at again soon.
+    Drilling,
     Invalid(String),
 }
 
@@ -87,6 +91,7 @@ pub async fn reconcile(schedule: Arc<EtcdBackupSchedule>, ctx: Arc<Context>) -> 
                 .unwrap_or(Duration::from_secs(30));
             Action::requeue(until.clamp(Duration::from_secs(1), Duration::from_secs(30)))
         }
+        ScheduleOutcome::Drilling => Action::requeue(Duration::from_secs(1)),
         ScheduleOutcome::Invalid(_) => Action::requeue(Duration::from_secs(60)),
     })
 }
@@ -124,9 +129,17 @@ pub async fn reconcile_schedule(
     let observed = observe(schedule, ctx, &resolved, &old, now).await?;
     let plan = plan_schedule(&observed.observation);
     let outcome = act(schedule, ctx, &plan, &resolved, &observed, now).await?;
-    let status = report(schedule, &old, &plan, &resolved, &observed, now);
+    let cluster = resolved.cluster.as_deref();
+    let drill = super::drill::reconcile(schedule, ctx, cluster, &observed.backups, now).await?;
+    let mut status = report(schedule, &old, &plan, &resolved, &observed, now);
+    status.last_drill = super::drill::last_drill(&observed.backups);
+    status.drill_in_progress = drill.in_progress;
+    status.next_drill = drill.next;
     write(ctx, schedule, &old, &status).await?;
-    Ok(outcome)
+    Ok(match outcome {
+        ScheduleOutcome::Idle { .. } if drill.busy => ScheduleOutcome::Drilling,
+        outcome => outcome,
+    })
 }
 
 /// A schedule as resolved: its own fields, else its cluster's `spec.backup`.
@@ -136,6 +149,8 @@ struct Resolved {
     cron: CronSchedule,
     retention: Retention,
     destination: ObjectStoreDestination,
+    /// The schedule's cluster (`None`: not found).
+    cluster: Option<Box<EtcdCluster>>,
 }
 
 /// What resolving a schedule found.
@@ -159,7 +174,10 @@ async fn resolve(schedule: &EtcdBackupSchedule, ctx: &Context) -> Result<Resolut
     }
     let defaults = cluster.as_ref().and_then(|c| c.spec.config.backup.as_ref());
     Ok(match resolve_schedule(schedule, defaults) {
-        Ok(resolved) => Resolution::Resolved(Box::new(resolved)),
+        Ok(mut resolved) => {
+            resolved.cluster = cluster.map(Box::new);
+            Resolution::Resolved(Box::new(resolved))
+        }
         Err(e) => Resolution::Invalid(e),
     })
 }
@@ -327,6 +345,7 @@ fn resolve_schedule(
         cron,
         retention,
         destination,
+        cluster: None,
     })
 }
 
@@ -510,10 +529,18 @@ async fn write(
         &schedule.namespace().unwrap_or_default(),
     );
     let mut patch = serde_json::to_value(new).unwrap_or_default();
-    if new.next_run_time.is_none()
-        && let Some(m) = patch.as_object_mut()
-    {
-        m.insert("nextRunTime".into(), serde_json::Value::Null);
+    // A merge patch leaves out what is absent: what is gone is set to null.
+    if let Some(m) = patch.as_object_mut() {
+        let gone = [
+            ("nextRunTime", new.next_run_time.is_none()),
+            ("drillInProgress", new.drill_in_progress.is_none()),
+            ("nextDrill", new.next_drill.is_none()),
+        ];
+        for (field, absent) in gone {
+            if absent {
+                m.insert(field.into(), serde_json::Value::Null);
+            }
+        }
     }
     api.patch_status(
         &schedule.name_any(),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use etcdfleet_api::backup::{condition, phase, retry_backoff};
+use etcdfleet_api::backup::{DataFingerprint, condition, phase, retry_backoff};
 use etcdfleet_api::conditions::{self as conds, set_condition};
 use etcdfleet_api::{EtcdBackup, EtcdBackupStatus, EtcdCluster};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -125,9 +125,25 @@ pub async fn succeeded(
     s.object_key = Some(taken.object_key.clone());
     s.metadata_key = Some(taken.metadata_key.clone());
     s.destination = Some(taken.destination.clone());
+    s.fingerprint = taken.fingerprint.map(|f| DataFingerprint {
+        revision: f.revision,
+        compact_revision: f.compact_revision,
+        hash: f.hash.into(),
+        key_count: f.key_count,
+    });
     let message = format!(
-        "{} bytes at revision {} in {}, SHA-256 {} verified",
-        taken.size_bytes, taken.revision, taken.object_key, taken.sha256
+        "{} bytes at revision {} in {}, SHA-256 {} verified{}",
+        taken.size_bytes,
+        taken.revision,
+        taken.object_key,
+        taken.sha256,
+        match &s.fingerprint {
+            Some(f) => format!(
+                "; {} keys hashing to {:08x} at revision {}",
+                f.key_count, f.hash, f.revision
+            ),
+            None => "; no fingerprint (the member could not hash that revision)".into(),
+        }
     );
     set_condition(
         &mut s.conditions,

@@ -239,6 +239,12 @@ struct RunArgs {
     /// Rotate a cluster's CA when it expires within this many days; 0: never on its own [file: caRotateBeforeDays; default 90].
     #[arg(long)]
     ca_rotate_before_days: Option<u64>,
+    /// Restore drills running at once in this controller, across the fleet [file: maxConcurrentDrills; default 2].
+    #[arg(long)]
+    max_concurrent_drills: Option<u16>,
+    /// A restore drill whose etcd serves no read within this many seconds ends as an error [file: drillTimeoutSeconds; default 900].
+    #[arg(long)]
+    drill_timeout_seconds: Option<u64>,
 }
 
 #[derive(clap::Args)]
@@ -331,7 +337,7 @@ fn restore_seed(args: &SeedArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("restore-seed: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -591,6 +597,8 @@ async fn run(args: RunArgs) -> ExitCode {
         otlp_endpoint: args.otlp_endpoint,
         seeder_image: args.seeder_image,
         ca_rotate_before_days: args.ca_rotate_before_days,
+        max_concurrent_drills: args.max_concurrent_drills,
+        drill_timeout_seconds: args.drill_timeout_seconds,
     };
     let config = match ControllerConfig::load(args.config.as_deref(), overrides) {
         Ok(c) => c,

@@ -7,7 +7,8 @@ use std::fmt;
 
 use etcdfleet_api::template::ResolveError;
 use etcdfleet_api::{
-    ClusterEtcdTemplate, EtcdCluster, EtcdFleetRollout, EtcdTemplate, TemplateKind,
+    ClusterEtcdTemplate, EtcdBackup, EtcdBackupSchedule, EtcdCluster, EtcdFleetRollout,
+    EtcdTemplate, TemplateKind,
 };
 use kube::ResourceExt;
 
@@ -20,6 +21,10 @@ pub struct Manifests {
     pub templates: Vec<EtcdTemplate>,
     pub cluster_templates: Vec<ClusterEtcdTemplate>,
     pub rollouts: Vec<EtcdFleetRollout>,
+    /// Backup schedules and backups (`plan` says when each schedule's next
+    /// restore drill runs).
+    pub schedules: Vec<EtcdBackupSchedule>,
+    pub backups: Vec<EtcdBackup>,
     /// `kind name` of documents of other kinds, which are skipped.
     pub ignored: Vec<String>,
     /// Objects of the project's kinds that the API server would refuse; the
@@ -106,7 +111,9 @@ impl Manifests {
             | "EtcdClusterList"
             | "EtcdTemplateList"
             | "ClusterEtcdTemplateList"
-            | "EtcdFleetRolloutList" => {
+            | "EtcdFleetRolloutList"
+            | "EtcdBackupScheduleList"
+            | "EtcdBackupList" => {
                 let items = value
                     .get("items")
                     .and_then(|i| i.as_array())
@@ -116,7 +123,12 @@ impl Manifests {
                     self.add_value(item, source_name, index)?;
                 }
             }
-            "EtcdCluster" | "EtcdTemplate" | "ClusterEtcdTemplate" | "EtcdFleetRollout" => {
+            "EtcdCluster"
+            | "EtcdTemplate"
+            | "ClusterEtcdTemplate"
+            | "EtcdFleetRollout"
+            | "EtcdBackupSchedule"
+            | "EtcdBackup" => {
                 let invalid = |errors: Vec<String>| InvalidObject {
                     source_name: source_name.to_string(),
                     index,
@@ -134,6 +146,10 @@ impl Manifests {
                     "EtcdFleetRollout" => {
                         serde_json::from_value(json).map(|r| self.rollouts.push(r))
                     }
+                    "EtcdBackupSchedule" => {
+                        serde_json::from_value(json).map(|s| self.schedules.push(s))
+                    }
+                    "EtcdBackup" => serde_json::from_value(json).map(|b| self.backups.push(b)),
                     _ => serde_json::from_value(json).map(|t| self.cluster_templates.push(t)),
                 };
                 if let Err(e) = added {
@@ -150,6 +166,8 @@ impl Manifests {
         self.templates.extend(other.templates);
         self.cluster_templates.extend(other.cluster_templates);
         self.rollouts.extend(other.rollouts);
+        self.schedules.extend(other.schedules);
+        self.backups.extend(other.backups);
         self.ignored.extend(other.ignored);
         self.invalid.extend(other.invalid);
     }

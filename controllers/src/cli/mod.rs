@@ -12,6 +12,7 @@
 //! observation the controller's assembler (`etcdcluster::observe::assemble`)
 //! makes from readings taken from the status.
 
+pub mod drill;
 pub mod manifests;
 pub mod plan;
 pub mod render;

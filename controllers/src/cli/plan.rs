@@ -94,6 +94,9 @@ pub struct ClusterPlan {
     /// resolve, or it was never observed).
     pub planned: Option<Plan>,
     pub paused: bool,
+    /// One line per EtcdBackupSchedule of the cluster given beside it: its
+    /// next restore drill ([`super::drill::drill_lines`]).
+    pub drills: Vec<String>,
 }
 
 /// How a cluster's plan counts toward `plan`'s exit code.
@@ -163,6 +166,9 @@ impl fmt::Display for ClusterPlan {
             writeln!(f, "  version: {v}")?;
         }
         writeln!(f, "  next: {}", self.next)?;
+        for drill in &self.drills {
+            writeln!(f, "  drill: {drill}")?;
+        }
         if self.paused {
             writeln!(
                 f,
@@ -236,6 +242,7 @@ pub fn plan_cluster(
                 next: format!("blocked: fix {e}"),
                 planned: None,
                 paused,
+                drills: super::drill::drill_lines(cluster, manifests),
             };
         }
     };
@@ -255,6 +262,7 @@ pub fn plan_cluster(
         next,
         planned,
         paused,
+        drills: super::drill::drill_lines(cluster, manifests),
     };
     if let Some(next) = without_members(&status, &verdict) {
         return plan(next, None);

@@ -17,6 +17,8 @@ pub fn validate_offline(kind: &str, object: &serde_json::Value) -> Result<(), Ve
         "EtcdTemplate" => EtcdTemplate::crd(),
         "ClusterEtcdTemplate" => ClusterEtcdTemplate::crd(),
         "EtcdFleetRollout" => EtcdFleetRollout::crd(),
+        "EtcdBackupSchedule" => etcdfleet_api::EtcdBackupSchedule::crd(),
+        "EtcdBackup" => etcdfleet_api::EtcdBackup::crd(),
         other => return Err(vec![format!("kind: {other} is not an etcdfleet kind")]),
     };
     let crd = crate::crd::with_also_served(crd, etcdfleet_api::ALSO_SERVED);

@@ -4,7 +4,8 @@
 //! (a backup of an earlier cluster of the same name is not its data), whose
 //! object verifies again now, as a restore's does (`crate::restore::verify`:
 //! size, SHA-256, and an etcd the cluster's version may run). A backup that
-//! does not verify is skipped for the next newest, and said why. A verdict
+//! does not verify, or whose last restore drill failed, is skipped for the
+//! next newest, and said why. A verdict
 //! stands for [`VERDICT_KEPT`]; the seeder checks size and SHA-256 once more
 //! as it restores.
 
@@ -52,6 +53,10 @@ pub async fn newest_verified(
     let mut refused = Vec::new();
     verdicts.retain(|_, (_, at)| at.elapsed() < VERDICT_KEPT);
     for backup in candidates.iter().take(TRIED) {
+        if let Some(why) = failed_drill(backup) {
+            refused.push(format!("{}: {why}", backup.name_any()));
+            continue;
+        }
         let key = verdict_key(backup);
         let verdict = match verdicts.get(&key) {
             Some((v, _)) => v.clone(),
@@ -71,6 +76,21 @@ pub async fn newest_verified(
         refused.len(),
         refused.join("; ")
     )))
+}
+
+/// Why a backup whose last restore drill failed is not restored from
+/// (docs/backups.md); a drill that could not run does not count against it.
+fn failed_drill(backup: &EtcdBackup) -> Option<String> {
+    let drill = backup.status.as_ref()?.last_drill.as_ref();
+    if etcdfleet_api::drill::fit_for_recovery(drill) {
+        return None;
+    }
+    let drill = drill?;
+    Some(format!(
+        "its restore drill failed ({}): {}",
+        drill.reason.as_deref().unwrap_or("no reason"),
+        drill.message
+    ))
 }
 
 /// The cluster's `Succeeded` backups taken since it was created, newest

@@ -89,6 +89,37 @@ pub enum SeedError {
     },
 }
 
+impl SeedError {
+    /// The seeder's exit code: 2 when the object is not the snapshot the
+    /// backup recorded (gone, another size, another SHA-256), 3 when the
+    /// restore tool refused it, 1 for everything that says nothing of the
+    /// snapshot (the store unreachable, credentials, the volume). A restore
+    /// drill tells a backup that does not restore from a drill that could
+    /// not run by it.
+    pub fn exit_code(&self) -> u8 {
+        use etcdfleet_api::restore::reason;
+        match self {
+            SeedError::Snapshot { reason: r, .. }
+                if [
+                    reason::OBJECT_NOT_FOUND,
+                    reason::SIZE_MISMATCH,
+                    reason::CHECKSUM_MISMATCH,
+                ]
+                .contains(r) =>
+            {
+                OBJECT_CHANGED_EXIT
+            }
+            SeedError::Tool { .. } => RESTORE_REFUSED_EXIT,
+            _ => 1,
+        }
+    }
+}
+
+/// [`SeedError::exit_code`] of an object that is not the recorded snapshot.
+pub const OBJECT_CHANGED_EXIT: u8 = 2;
+/// [`SeedError::exit_code`] of a snapshot the restore tool refused.
+pub const RESTORE_REFUSED_EXIT: u8 = 3;
+
 /// Copies the running executable to `dest` (mode 0755): the first init
 /// container of a restoring member runs this from the controller's image, so
 /// the seeder can run in the etcd image next to its restore tool (etcd images

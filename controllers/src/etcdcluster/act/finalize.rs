@@ -3,7 +3,7 @@
 
 use etcdfleet_api::EtcdCluster;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::runtime::events::EventType;
@@ -140,6 +140,10 @@ async fn cleanup_workload(cluster: &EtcdCluster, ctx: &Context) -> Result<()> {
         .await
         .map_err(err)?;
     delete_named::<Secret>(&client, &ns, owner, &names.restore_secret())
+        .await
+        .map_err(err)?;
+    // A restore drill running as the cluster goes (its Secret goes with it).
+    delete_named::<Pod>(&client, &ns, owner, &names.drill_pod())
         .await
         .map_err(err)?;
     Ok(())
