@@ -4,13 +4,13 @@
 //! (processes killed, data wiped, pods and PVCs deleted; the StatefulSet
 //! makes new, empty ones), after a writer ran and a backup was taken. The
 //! cluster comes back under the same name, PKI and Services with the
-//! backup's data, through a controller restarted after every recovery step;
+//! backup's data (a newer backup whose restore drill failed is passed over), through a controller restarted after every recovery step;
 //! a client holding the old CA and client certificate reads it.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use etcdfleet_api::EtcdCluster;
+use etcdfleet_api::{EtcdBackup, EtcdCluster};
 use etcdfleet_api::conditions::{self, AVAILABLE};
 use etcdfleet_api::recovery::{QuorumLossPolicy, RECOVERING, RecoverySpec, phase};
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig};
@@ -25,7 +25,7 @@ use etcdfleet_tests::scenario::{
     NS, WORKLOAD_NS, cluster, controller_with, etcd_of, get, put, read_everywhere, running,
 };
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 
 /// The shortest `lostAfterSeconds` the API takes.
 const LOST_AFTER: i32 = 30;
@@ -83,7 +83,7 @@ async fn client_facing(fleet: &Fleet) -> Result<(Secret, Service)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_under_the_same_name_and_pki()
+async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_whose_drill_did_not_fail_under_the_same_name_and_pki()
 -> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
@@ -112,6 +112,10 @@ async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_under_the_s
     let backup_revision = backup.status.as_ref().and_then(|s| s.revision);
     // Written after the backup: lost with the members.
     put(&fleet, "a", "etcd-a", 3, "after-the-backup").await?;
+    // A newer backup holds it, but its restore drill failed: never used.
+    let destination = s3.destination("recovery", CREDENTIALS);
+    back_up((fleet.management_direct(), NS), &ctl, "newer", "etcd-a", destination).await?;
+    fail_drill_of(&fleet, "newer").await?;
     ctl.reconcile(NS, "etcd-a").await?;
     let (pki_before, service_before) = client_facing(&fleet).await?;
     lose_every_member(&fleet).await?;
@@ -179,6 +183,21 @@ async fn assert_old_client_reads(
 
 /// `status.lastRecovery` names the backup, its revision and the loss
 /// window; `Recovering` is over; three voters serve.
+/// Records a failed restore drill on backup `name` (as the drill of a
+/// schedule would: docs/backups.md).
+async fn fail_drill_of(fleet: &Fleet, name: &str) -> Result<()> {
+    let api = Api::<EtcdBackup>::namespaced(fleet.management_direct(), NS);
+    let drill = serde_json::json!({
+        "backup": name,
+        "result": "Failed",
+        "reason": "HashDiffers",
+        "message": "the key space hashes differently restored",
+    });
+    let patch = serde_json::json!({ "status": { "lastDrill": drill } });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
 async fn assert_recorded(fleet: &Fleet, backup_revision: i64) -> Result<()> {
     let status = get(fleet, "etcd-a").await?.status.context("no status")?;
     let record = status.last_recovery.context("no lastRecovery")?;
