@@ -10,9 +10,9 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use etcdfleet_api::{EtcdBackup, EtcdCluster};
 use etcdfleet_api::conditions::{self, AVAILABLE};
 use etcdfleet_api::recovery::{QuorumLossPolicy, RECOVERING, RecoverySpec, phase};
+use etcdfleet_api::{EtcdBackup, EtcdCluster};
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig};
 use etcdfleet_controllers::etcdcluster::ReconcilerSettings;
 use etcdfleet_controllers::etcdcluster::plan::Step;
@@ -114,7 +114,14 @@ async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_whose_drill
     put(&fleet, "a", "etcd-a", 3, "after-the-backup").await?;
     // A newer backup holds it, but its restore drill failed: never used.
     let destination = s3.destination("recovery", CREDENTIALS);
-    back_up((fleet.management_direct(), NS), &ctl, "newer", "etcd-a", destination).await?;
+    back_up(
+        (fleet.management_direct(), NS),
+        &ctl,
+        "newer",
+        "etcd-a",
+        destination,
+    )
+    .await?;
     fail_drill_of(&fleet, "newer").await?;
     ctl.reconcile(NS, "etcd-a").await?;
     let (pki_before, service_before) = client_facing(&fleet).await?;
@@ -194,7 +201,8 @@ async fn fail_drill_of(fleet: &Fleet, name: &str) -> Result<()> {
         "message": "the key space hashes differently restored",
     });
     let patch = serde_json::json!({ "status": { "lastDrill": drill } });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
     Ok(())
 }
 

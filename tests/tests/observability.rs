@@ -41,6 +41,13 @@ fn exported_series() -> BTreeSet<String> {
     metrics.observe_backup_success("team-a/c", 4096, Duration::from_millis(5));
     metrics.observe_backup_failure("team-a/c", "ObjectStoreError");
     metrics.observe_recovery_started("team-a/c");
+    let drilled = std::time::SystemTime::now();
+    metrics.observe_drill(
+        "team-a/c",
+        Some(true),
+        Some(Duration::from_secs(3)),
+        drilled,
+    );
     let text = metrics.encode();
     let mut names = BTreeSet::new();
     for line in text.lines() {

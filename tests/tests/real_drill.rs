@@ -116,7 +116,7 @@ async fn drills(
     let seen = drill_until_done(world, &ctl, &drills, "shop-1", true).await?;
     let schedule = schedules(&management).get(SCHEDULE).await?;
     let last = (schedule.status.as_ref().and_then(|s| s.last_drill.clone()))
-        .context("no lastDrill on the schedule")?;
+        .with_context(|| format!("no lastDrill on the schedule: {:?}", schedule.status))?;
     ensure!(
         last.result == drill_result::PASSED && last.reason.is_none(),
         "{last:?}"

@@ -132,7 +132,8 @@ pub async fn reconcile_schedule(
     let cluster = resolved.cluster.as_deref();
     let drill = super::drill::reconcile(schedule, ctx, cluster, &observed.backups, now).await?;
     let mut status = report(schedule, &old, &plan, &resolved, &observed, now);
-    status.last_drill = super::drill::last_drill(&observed.backups);
+    status.last_drill =
+        (drill.finished.clone()).or_else(|| super::drill::last_drill(&observed.backups));
     status.drill_in_progress = drill.in_progress;
     status.next_drill = drill.next;
     write(ctx, schedule, &old, &status).await?;

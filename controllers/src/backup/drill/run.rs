@@ -92,11 +92,13 @@ pub(super) async fn go_on(
     finished.snapshot_bytes = s.and_then(|s| s.size_bytes);
     record(ctx, backup, &finished, &site.key).await?;
     remove(site, pod).await.map_err(Error::Drill)?;
-    Ok(busy(format!(
+    let mut report = busy(format!(
         "{} drilled: {}",
         backup.name_any(),
         finished.result
-    )))
+    ));
+    report.finished = Some(finished);
+    Ok(report)
 }
 
 fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
@@ -112,8 +114,8 @@ fn in_progress(backup: &EtcdBackup, started: Option<Timestamp>, why: String) -> 
             message: why,
             ..Default::default()
         }),
-        next: None,
         busy: true,
+        ..Default::default()
     }
 }
 

@@ -20,6 +20,9 @@ use crate::render::OWNER_LABEL;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DrillReport {
     pub in_progress: Option<DrillResult>,
+    /// The drill that finished in this reconcile (its backup's status was
+    /// read before it).
+    pub finished: Option<DrillResult>,
     pub next: Option<String>,
     /// Something moved: look again soon.
     pub busy: bool,

@@ -91,8 +91,8 @@ pub(super) async fn start_if_due(
             message: format!("drill pod {}/{} created", site.namespace, site.pod_name),
             ..Default::default()
         }),
-        next: None,
         busy: true,
+        ..Default::default()
     })
 }
 
