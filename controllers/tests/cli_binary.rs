@@ -397,6 +397,8 @@ fn every_config_file_field_has_a_run_flag() {
         ("tracing.otlpEndpoint", "--otlp-endpoint"),
         ("seederImage", "--seeder-image"),
         ("caRotateBeforeDays", "--ca-rotate-before-days"),
+        ("maxConcurrentDrills", "--max-concurrent-drills"),
+        ("drillTimeoutSeconds", "--drill-timeout-seconds"),
     ];
     // Every field the file can hold, from the configuration type itself, so
     // a new field without a flag fails here.

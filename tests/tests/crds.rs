@@ -551,7 +551,10 @@ fn backup_crds_are_namespaced_with_status_and_columns() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(columns, ["Cluster", "Phase", "Size", "Revision", "Age"]);
+    assert_eq!(
+        columns,
+        ["Cluster", "Phase", "Size", "Revision", "Drill", "Age"]
+    );
 
     let schedule = crd_json("etcdbackupschedules.etcdfleet.dev");
     assert_eq!(schedule["spec"]["scope"], "Namespaced");
@@ -571,6 +574,7 @@ fn backup_crds_are_namespaced_with_status_and_columns() {
             "Suspend",
             "LastSuccess",
             "NextRun",
+            "Drill",
             "Age"
         ]
     );

@@ -343,13 +343,14 @@ async fn drill_until_done(
         }
         let b = backups(&management).get(backup).await?;
         if b.status.as_ref().is_some_and(|s| s.last_drill.is_some()) {
+            ensure!(
+                restarted,
+                "the drill of {backup} ended before the controller restarted in it"
+            );
             return Ok(seen);
         }
-        let status = schedules(&management)
-            .get(SCHEDULE)
-            .await?
-            .status
-            .unwrap_or_default();
+        let status = (schedules(&management).get(SCHEDULE).await?.status)
+            .context("the schedule has no status after a reconcile")?;
         if !restarted && status.drill_in_progress.is_some() {
             eprintln!(
                 "drill in progress ({:?}): the controller restarts",
@@ -412,11 +413,11 @@ fn only_drill_objects_written(world: &KubeWorld, skip: usize) -> Result<()> {
     let writes: Vec<String> = (log.by_since(user, skip).into_iter())
         .filter(|e| e.is_write())
         .map(|e| {
+            // A request about no object counts as foreign below.
             let name = e
                 .object_ref
                 .as_ref()
-                .map(|o| o.name.clone())
-                .unwrap_or_default();
+                .map_or("(no object)", |o| o.name.as_str());
             format!("{} {} {name}", e.verb, e.resource())
         })
         .collect();

@@ -52,13 +52,18 @@ pub async fn reconcile(
         Ok(None) => None,
         Err(e) => return Ok(DrillReport::next(format!("invalid drill policy: {e}"))),
     };
-    if let Some(policy) = &policy {
-        condition::report(ctx, cluster, policy, last_drill(backups).as_ref(), now).await?;
+    let running = (schedule.status.as_ref()).is_some_and(|s| s.drill_in_progress.is_some());
+    match &policy {
+        Some(policy) => {
+            condition::report(ctx, cluster, policy, last_drill(backups).as_ref(), now).await?
+        }
+        // No drills, and none this schedule started is left to finish or
+        // remove: nothing is read (a schedule reconciles every 30 s).
+        None if !running => return Ok(DrillReport::default()),
+        None => {}
     }
     let site = match reach(ctx, cluster).await {
         Ok(site) => site,
-        // No policy and no workload cluster: nothing could be running.
-        Err(_) if policy.is_none() => return Ok(DrillReport::default()),
         Err(why) => return Ok(DrillReport::next(format!("waits: {why}"))),
     };
     let found = match site.pods().get_opt(&site.pod_name).await {

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::pod::{DrillPodInputs, drill_pod, labels};
 use super::site::{DrillReport, Site, last_drill};
@@ -169,11 +169,24 @@ async fn create(
         Ok(_) => Ok(()),
         // One an earlier drill left (owned by its pod, which is gone: the
         // garbage collector would soon remove it from under this pod).
+        // Another's Secret of that name is never touched.
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            (secrets
-                .delete(&inputs.secret_name, &Default::default())
-                .await)
-                .map_err(failed)?;
+            let found = (secrets.get_opt(&inputs.secret_name).await).map_err(failed)?;
+            let Some(found) = found.filter(|f| f.labels() == &labels(inputs)) else {
+                return Err(format!(
+                    "Secret {}/{} exists and is not an earlier drill's of this cluster",
+                    inputs.namespace, inputs.secret_name
+                ));
+            };
+            let uid = Preconditions {
+                uid: found.uid(),
+                ..Default::default()
+            };
+            let params = DeleteParams {
+                preconditions: Some(uid),
+                ..Default::default()
+            };
+            (secrets.delete(&inputs.secret_name, &params).await).map_err(failed)?;
             (secrets.create(&PostParams::default(), &secret).await).map_err(failed)?;
             Ok(())
         }
