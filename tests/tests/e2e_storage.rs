@@ -450,10 +450,12 @@ async fn resize_cures_a_nospace_alarm_when_the_quota_follows_the_size() -> Resul
             ),
         )
         .await?;
-    assert_eq!(
-        all.count(),
-        written,
-        "every key written before NOSPACE is kept"
+    // The put answered NOSPACE may be stored too (etcd's quota applier
+    // applies a put, then reports ErrNoSpace: `quotaApplierV3.Put`).
+    assert!(
+        all.count() == written || all.count() == written + 1,
+        "every key written before NOSPACE is kept: {} of {written} (+1 refused)",
+        all.count()
     );
     Ok(())
 }

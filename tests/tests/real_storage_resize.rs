@@ -505,9 +505,14 @@ fn real_node_resize_cures_a_nospace_alarm_that_compaction_cannot() {
             .with_prefix()
             .with_count_only();
         let kept = kv.get("live/", Some(count_only)).await?.count();
+        // The put answered NOSPACE may be stored too: etcd's quota applier
+        // applies a put and then reports ErrNoSpace when the quota was
+        // exceeded (`quotaApplierV3.Put`, server/etcdserver/apply), while a
+        // put refused before it was proposed, or once the alarm is armed,
+        // is not.
         ensure!(
-            kept == written,
-            "{kept} of {written} keys written before NOSPACE kept"
+            kept == written || kept == written + 1,
+            "{kept} keys kept; {written} acknowledged before NOSPACE, plus at most the one refused"
         );
         Ok(())
     });
