@@ -109,10 +109,7 @@ impl LeaderElector {
 
     /// `POD_NAME` in a Deployment; otherwise the host name and process id.
     pub fn default_identity() -> String {
-        std::env::var("POD_NAME").unwrap_or_else(|_| {
-            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "etcdfleet".into());
-            format!("{host}_{}", std::process::id())
-        })
+        crate::config::replica_identity()
     }
 
     pub fn identity(&self) -> &str {
@@ -127,6 +124,15 @@ impl LeaderElector {
     /// How long the holder keeps leading without a successful renewal.
     pub fn renew_deadline(&self) -> Duration {
         self.renew_deadline
+    }
+
+    /// How long a holder that lost the Lease may go on before it exits:
+    /// half the time between its renew deadline and the lease duration, so
+    /// it is gone before any other replica may see the Lease expire (they
+    /// count the duration from when they saw the last renewal, which is
+    /// after it was made).
+    pub fn exit_grace(&self) -> Duration {
+        self.duration.saturating_sub(self.renew_deadline) / 2
     }
 
     fn spec_for_us(&self, previous: Option<&LeaseSpec>) -> LeaseSpec {
@@ -246,13 +252,17 @@ impl LeaderElector {
     }
 
     async fn attempt_with_timeout(&self) -> Result<Attempt, String> {
-        // A hung call must not outlive the renew interval.
-        let result =
-            match tokio::time::timeout(self.renew_interval(), self.try_acquire_or_renew()).await {
-                Ok(Ok(a)) => Ok(a),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("lease request timed out".to_string()),
-            };
+        self.attempt_within(self.renew_interval()).await
+    }
+
+    /// One attempt that gives up after `limit` (a hung call must not
+    /// outlive the renew interval, nor a holder's renew deadline).
+    async fn attempt_within(&self, limit: Duration) -> Result<Attempt, String> {
+        let result = match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
+            Ok(Ok(a)) => Ok(a),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("lease request timed out".to_string()),
+        };
         if let Some(observer) = &self.observer {
             observer(result.is_ok());
         }
@@ -265,7 +275,15 @@ impl LeaderElector {
         let mut last_error = String::new();
         loop {
             tokio::time::sleep(self.renew_interval()).await;
-            match self.attempt_with_timeout().await {
+            // No attempt may end after the renew deadline: the holder must
+            // know it lost the Lease by then (see `exit_grace`).
+            let left = self.renew_deadline().saturating_sub(last_renewal.elapsed());
+            let attempt = if left.is_zero() {
+                Err("the renew deadline passed before the attempt".to_string())
+            } else {
+                self.attempt_within(left.min(self.renew_interval())).await
+            };
+            match attempt {
                 Ok(Attempt::Leading) => last_renewal = Instant::now(),
                 Ok(Attempt::HeldBy(holder)) => {
                     return LeaseLost::TakenOver {

@@ -134,3 +134,38 @@ async fn stale_writes_conflict() {
     assert!(matches!(err, kube::Error::Api(e) if e.code == 409));
     assert_eq!(holder(&client).await.as_deref(), Some("a"));
 }
+
+/// A holder knows it lost the Lease by its renew deadline, even when the
+/// last attempt before the deadline hangs (it is cut at the deadline), so
+/// it is gone (`exit_grace` later) before others may see the Lease expire.
+#[tokio::test]
+async fn a_holder_gives_up_at_its_renew_deadline_even_when_the_last_attempt_hangs() {
+    let server = ApiServer::management().await.unwrap();
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "etcdfleet-system"}}))
+            .unwrap();
+    Api::all(server.admin_client())
+        .create(&Default::default(), &ns)
+        .await
+        .unwrap();
+    let a = LeaderElector::new(server.client_as(CONTROLLER_USER), &config(), "a".into());
+    a.acquire().await;
+    let acquired = std::time::Instant::now();
+    assert_eq!(a.exit_grace(), Duration::from_millis(500));
+    // The first renewal (after 1 s) fails at once; the second, due at the
+    // 2 s deadline, would hang for a whole renew interval.
+    server.set_unavailable(CONTROLLER_USER, true);
+    let hold = tokio::spawn(async move { a.hold().await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.set_unavailable(CONTROLLER_USER, false);
+    server.set_hanging_writes(CONTROLLER_USER, true);
+    let lost = tokio::time::timeout(Duration::from_secs(5), hold)
+        .await
+        .expect("hold() returns")
+        .unwrap();
+    let took = acquired.elapsed();
+    assert!(matches!(lost, LeaseLost::RenewDeadline { .. }), "{lost}");
+    // The deadline, plus scheduling slack; not the deadline plus a hung
+    // attempt (3 s).
+    assert!(took < Duration::from_millis(2500), "gave up after {took:?}");
+}
