@@ -527,8 +527,15 @@ impl LiveWatch {
     /// client goes; a version compacted meanwhile ends it with 410 Gone.
     async fn send(mut self, initial: Vec<Value>, timeout: Duration, tx: Sender<Bytes>) {
         let deadline = tokio::time::Instant::now() + timeout;
+        // The objects this watch has shown as matching its selectors: one
+        // that stops matching is sent as DELETED, one that starts as ADDED,
+        // as the API server's watch cache does.
+        let mut members = BTreeSet::new();
         for e in initial {
-            if tx.send(Bytes::from(format!("{e}\n"))).await.is_err() {
+            let Some(line) = self.filtered(&mut members, &e["type"], &e["object"]) else {
+                continue;
+            };
+            if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
                 return;
             }
         }
@@ -565,16 +572,51 @@ impl LiveWatch {
             };
             for e in events {
                 self.seen = e.rv;
-                let matches = self.labels.matches(&e.object) && self.fields.matches(&e.object);
-                if !matches {
+                let change = Value::from(e.kind_of_change);
+                let Some(line) = self.filtered(&mut members, &change, &e.object) else {
                     continue;
-                }
-                let line = json!({ "type": e.kind_of_change, "object": e.object });
+                };
                 if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
                     return;
                 }
             }
         }
+    }
+
+    /// The event this watch sends for a change of `object`, if any (see
+    /// `members` in [`Self::send`]).
+    fn filtered(
+        &self,
+        members: &mut BTreeSet<String>,
+        change: &Value,
+        object: &Value,
+    ) -> Option<Value> {
+        let key = format!(
+            "{}/{}",
+            object["metadata"]["namespace"].as_str().unwrap_or_default(),
+            object["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        let matches = self.labels.matches(object) && self.fields.matches(object);
+        let change = match (matches, change.as_str(), members.contains(&key)) {
+            (true, Some("DELETED"), _) => {
+                members.remove(&key);
+                "DELETED"
+            }
+            (true, Some(change), known) => {
+                members.insert(key);
+                if known { change } else { "ADDED" }
+            }
+            (false, Some("DELETED"), _) | (false, _, false) => {
+                members.remove(&key);
+                return None;
+            }
+            (false, _, true) => {
+                members.remove(&key);
+                "DELETED"
+            }
+            (true, None, _) => return None,
+        };
+        Some(json!({ "type": change, "object": object }))
     }
 }
 
