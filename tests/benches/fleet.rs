@@ -39,38 +39,56 @@
 //!    EtcdClusters opened meanwhile must be none.
 //!
 //! The budget of the stand-in fleet (2,000 clusters per replica): resync
-//! within 10 s, and B's and A's peak RSS (A's includes creating the
-//! fleet) within 300 MiB; the bench fails after printing when one is
-//! exceeded.
+//! within 10 s, B's and A's peak RSS (A's includes creating the fleet)
+//! within 300 MiB, and no write in a converged reconcile.
+//!
+//! The management cluster, chosen by `ETCDFLEET_BENCH_MANAGEMENT`:
+//! - `inmemory` (default): the project's in-memory API server, whose request
+//!   recorder counts the controller's calls;
+//! - `real`: a real kube-apiserver (with kube-controller-manager and
+//!   kube-scheduler, from the real tier's builds) on its own storage etcd,
+//!   the CRDs and the controller's RBAC applied as shipped; the
+//!   controller's management calls are counted from its audit log, and the
+//!   API server's peak RSS and CPU time over the steady-state window are
+//!   measured too. The workload clusters stay in-memory API servers.
 //!
 //! Prints, last, `fleet clusters=<n> resync_s=<s> rss_mib=<controller peak RSS>
 //! reads_per_converged=<r> writes_per_converged=<w> ...` (the real-etcd run
-//! prints `fleet_real members=<m> clusters=<n> ...`).
+//! prints `fleet_real members=<m> clusters=<n> ...`, the real management
+//! API's run `fleet_real_api clusters=<n> ... apiserver_rss_mib=<peak>
+//! apiserver_cpu_s_per_min=<steady state> ...`). Every stand-in run fails
+//! after printing when it is over the budget, or writes in a converged
+//! reconcile.
+
+#[path = "fleet/management.rs"]
+mod management;
+#[path = "fleet/measure.rs"]
+mod measure;
+#[path = "fleet/rollout.rs"]
+mod rollout;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use etcdfleet_api::rollout::{FleetSelector, RolloutStrategy};
-use etcdfleet_api::{EtcdCluster, EtcdFleetRollout, EtcdFleetRolloutSpec, EtcdFleetRolloutStatus};
-use etcdfleet_tests::apiserver::{ApiServer, CONTROLLER_USER};
+use etcdfleet_api::EtcdCluster;
 use etcdfleet_tests::controller_process::ControllerProcess;
 use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
 use etcdfleet_tests::fleet::{Fleet, MANAGEMENT};
 use etcdfleet_tests::runtime::ImageTable;
 use etcdfleet_tests::scenario::{NS, WORKLOAD_NS, cluster, create};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
+
+use management::Management;
+use measure::{converged_reconciles, cpu_ms, peak_rss_mib, token_of};
+use rollout::{RolloutCost, rollout_cost};
 
 /// Converged requeue of the controllers under test: longer than the resync,
 /// so each cluster's first converged reconcile is counted once.
 const REQUEUE_CONVERGED_S: u64 = 30;
 /// The steady-state window (a bit more than one converged requeue).
 const WINDOW: Duration = Duration::from_secs(40);
-/// Clusters per wave after the canary of the bench's rollout.
-const ROLLOUT_WAVE: i32 = 10;
-/// Waves the bench's rollout runs before it is aborted.
-const ROLLOUT_WAVES: usize = 3;
 /// The stand-in fleet's budget per replica.
 const BUDGET_RESYNC_S: f64 = 10.0;
 const BUDGET_RSS_MIB: f64 = 300.0;
@@ -93,6 +111,174 @@ fn main() -> Result<()> {
     runtime.block_on(bench())
 }
 
+/// One run's choices, from the environment (see the module docs).
+struct Setup {
+    real_etcd: bool,
+    real_api: bool,
+    n: usize,
+    members: i32,
+}
+
+impl Setup {
+    fn from_env() -> Result<Setup> {
+        let real_etcd = match std::env::var("ETCDFLEET_BENCH_ETCD").as_deref() {
+            Ok("real") => true,
+            Ok("standin") | Err(_) => false,
+            Ok(other) => bail!("ETCDFLEET_BENCH_ETCD={other:?}: expected real or standin"),
+        };
+        let real_api = match std::env::var("ETCDFLEET_BENCH_MANAGEMENT").as_deref() {
+            Ok("real") => true,
+            Ok("inmemory") | Err(_) => false,
+            Ok(other) => bail!("ETCDFLEET_BENCH_MANAGEMENT={other:?}: expected real or inmemory"),
+        };
+        let setting = |name: &str, default: usize| -> Result<usize> {
+            match std::env::var(name) {
+                Ok(v) => v
+                    .parse()
+                    .with_context(|| format!("{name}={v:?}: not a count")),
+                Err(_) => Ok(default),
+            }
+        };
+        Ok(Setup {
+            real_etcd,
+            real_api,
+            n: setting(
+                "ETCDFLEET_BENCH_CLUSTERS",
+                if real_etcd { 20 } else { 2000 },
+            )?,
+            members: setting("ETCDFLEET_BENCH_MEMBERS", if real_etcd { 3 } else { 1 })? as i32,
+        })
+    }
+
+    /// The images of the members: real etcd, or the stand-in written into
+    /// `dir`; `None` (after saying why) when real etcd is not installed.
+    fn images(&self, dir: &std::path::Path) -> Result<Option<ImageTable>> {
+        if !self.real_etcd {
+            let binary = std::path::Path::new(env!("CARGO_BIN_EXE_etcd_standin"));
+            return Ok(Some(ImageTable::standin(binary, dir)?));
+        }
+        if require_etcd(EtcdVersion::V3_5).is_none() {
+            println!("SKIPPED: bench-fleet with real etcd needs etcd 3.5 (make tools)");
+            return Ok(None);
+        }
+        Ok(Some(ImageTable::installed()))
+    }
+
+    /// The result line's name.
+    fn line(&self) -> String {
+        match (self.real_api, self.real_etcd) {
+            (false, false) => "fleet".into(),
+            (false, true) => format!("fleet_real members={}", self.members),
+            (true, false) => "fleet_real_api".into(),
+            (true, true) => format!("fleet_real_api members={}", self.members),
+        }
+    }
+}
+
+/// How the controller under test is counted.
+struct Counting<'a> {
+    fleet: &'a Fleet,
+    management: &'a Management,
+    /// Its tokens: the management one and each workload kubeconfig's.
+    tokens: BTreeSet<String>,
+    management_token: String,
+    controller: &'a ControllerProcess,
+}
+
+async fn bench() -> Result<()> {
+    let setup = Setup::from_env()?;
+    let standin_dir = tempfile::tempdir()?;
+    let Some(images) = setup.images(standin_dir.path())? else {
+        return Ok(());
+    };
+    let management = Management::start(setup.real_api).await?;
+    let workloads: Vec<String> = (0..setup.n).map(|i| format!("w{i:04}")).collect();
+    let names: Vec<&str> = workloads.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let fleet = management.fleet(&names, images).await?;
+    // Every runtime syncs when its API changed (or its pods are not all
+    // ready yet), else once a minute: the test world shares the two cores
+    // with the controller it measures.
+    let _kubelets =
+        fleet.spawn_background_sync_on_change(Duration::from_millis(200), Duration::from_secs(60));
+    eprintln!(
+        "fleet: {} workload API servers and runtimes up in {:.1}s",
+        setup.n,
+        started.elapsed().as_secs_f64()
+    );
+    let (kubeconfig, management_token) = management.controller_kubeconfig(&fleet).await?;
+    let requeue = REQUEUE_CONVERGED_S.to_string();
+    let args = ["--requeue-converged-seconds", requeue.as_str()];
+    let created = create_fleet(&setup, &fleet, &kubeconfig, &args).await?;
+    let (second, resync) = resync(setup.n, &kubeconfig, &args).await?;
+    let mut tokens = BTreeSet::from([management_token.clone()]);
+    tokens.extend(
+        workloads
+            .iter()
+            .filter_map(|w| token_of(&fleet.kubeconfig(w))),
+    );
+    let counting = Counting {
+        fleet: &fleet,
+        management: &management,
+        tokens,
+        management_token,
+        controller: &second,
+    };
+    let steady = steady_state(&counting).await?;
+    let rss_fleet = peak_rss_mib(second.pid())?;
+    let secret_lists = unrelated_secrets(&counting).await?;
+    let rss_secrets = peak_rss_mib(second.pid())?;
+    // A rollout over the whole fleet (stand-in only: it changes clusters).
+    let rollout = if setup.real_etcd {
+        None
+    } else {
+        let c = &counting;
+        Some(
+            rollout_cost(
+                c.fleet,
+                c.management,
+                c.controller,
+                &c.tokens,
+                &c.management_token,
+            )
+            .await?,
+        )
+    };
+    let rss_rollout = peak_rss_mib(second.pid())?;
+    let apiserver_rss = management.apiserver_pid().map(peak_rss_mib).transpose()?;
+    let etcd = if setup.real_etcd {
+        "real etcd 3.5"
+    } else {
+        "etcd stand-in"
+    };
+    println!(
+        "fleet_create clusters={} members={} create_s={:.1} rss_mib={:.1} ({etcd}, TLS, port-forward)",
+        setup.n, setup.members, created.seconds, created.peak_rss_mib
+    );
+    println!(
+        "fleet_secrets secrets=200 size_kib=500 rss_mib_before={rss_fleet:.1} rss_mib_after={rss_secrets:.1} secret_lists_or_watches={secret_lists}"
+    );
+    if let Some(r) = &rollout {
+        println!("{r}");
+    }
+    let figures = Figures {
+        setup: &setup,
+        resync,
+        rss_mib: rss_rollout,
+        create_rss_mib: created.peak_rss_mib,
+        steady: &steady,
+        apiserver_rss_mib: apiserver_rss,
+        rollout: rollout.as_ref(),
+    };
+    println!("{figures}");
+    drop(second);
+    fleet.shutdown().await;
+    if !setup.real_etcd {
+        within_budget(&figures)?;
+    }
+    Ok(())
+}
+
 fn available(c: &EtcdCluster, members: i32) -> bool {
     c.status.as_ref().is_some_and(|s| {
         s.ready_members == members
@@ -102,153 +288,95 @@ fn available(c: &EtcdCluster, members: i32) -> bool {
     })
 }
 
-/// `etcdfleet_plans_total{plan="Converged"}` of a controller, from /metrics.
-fn converged_reconciles(process: &ControllerProcess) -> Option<u64> {
-    let (_, body) = process.get("/metrics")?;
-    body.lines()
-        .find(|l| l.starts_with(r#"etcdfleet_plans_total{plan="Converged"}"#))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .or(Some(0))
+/// Step 1: what creating and converging the fleet took controller A.
+struct Created {
+    seconds: f64,
+    peak_rss_mib: f64,
 }
 
-/// `VmHWM` (peak resident set) of a process, in MiB.
-fn peak_rss_mib(pid: i32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no VmHWM")?;
-    Ok(kib / 1024.0)
-}
-
-/// CPU time (user + system) a process has used so far, in milliseconds.
-fn cpu_ms(pid: i32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command (which may hold spaces) end with ')'.
-    let rest = stat.rsplit_once(')').context("no ')' in stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime: the 14th and 15th fields, 12th and 13th after ')'.
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks * 1000.0 / per_second)
-}
-
-/// The bearer token in a kubeconfig written by the test API.
-fn token_of(kubeconfig: &str) -> Option<String> {
-    kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("token:"))
-        .map(|t| t.trim().trim_matches('"').to_string())
-}
-
-async fn bench() -> Result<()> {
-    let real = match std::env::var("ETCDFLEET_BENCH_ETCD").as_deref() {
-        Ok("real") => true,
-        Ok("standin") | Err(_) => false,
-        Ok(other) => bail!("ETCDFLEET_BENCH_ETCD={other:?}: expected real or standin"),
-    };
-    let setting = |name: &str, default: usize| -> usize {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let n = setting("ETCDFLEET_BENCH_CLUSTERS", if real { 20 } else { 2000 });
-    let members = setting("ETCDFLEET_BENCH_MEMBERS", if real { 3 } else { 1 }) as i32;
-    let standin_dir = tempfile::tempdir()?;
-    let images = if real {
-        if require_etcd(EtcdVersion::V3_5).is_none() {
-            println!("SKIPPED: bench-fleet with real etcd needs etcd 3.5 (make tools)");
-            return Ok(());
-        }
-        ImageTable::installed()
-    } else {
-        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_etcd_standin"));
-        ImageTable::standin(binary, standin_dir.path())?
-    };
-    let workloads: Vec<String> = (0..n).map(|i| format!("w{i:04}")).collect();
-    let names: Vec<&str> = workloads.iter().map(String::as_str).collect();
-    let started = Instant::now();
-    let fleet = Fleet::with_images(ApiServer::management().await?, NS, &names, images).await?;
-    // Every runtime syncs when its API changed (or its pods are not all
-    // ready yet), else once a minute: the test world shares the two cores
-    // with the controller it measures.
-    let _kubelets =
-        fleet.spawn_background_sync_on_change(Duration::from_millis(200), Duration::from_secs(60));
-    eprintln!(
-        "fleet: {n} workload API servers and runtimes up in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    let management_token = fleet.management_api().issue_token(CONTROLLER_USER);
-    let kubeconfig = fleet.management_api().kubeconfig(&management_token);
-    let requeue = REQUEUE_CONVERGED_S.to_string();
-    let args = ["--requeue-converged-seconds", requeue.as_str()];
-
-    // 1. Create and converge the fleet.
-    let mut first = ControllerProcess::start("bench-a", &kubeconfig, &args);
+/// Step 1: controller A creates and converges the fleet, then stops.
+async fn create_fleet(
+    setup: &Setup,
+    fleet: &Fleet,
+    kubeconfig: &str,
+    args: &[&str],
+) -> Result<Created> {
+    let (n, members) = (setup.n, setup.members);
+    let mut first = ControllerProcess::start("bench-a", kubeconfig, args);
     let created = Instant::now();
-    for (i, w) in workloads.iter().enumerate() {
-        create(&fleet, &cluster(&format!("c{i:04}"), w, members, "3.5.1")).await?;
+    for i in 0..n {
+        let w = format!("w{i:04}");
+        create(fleet, &cluster(&format!("c{i:04}"), &w, members, "3.5.1")).await?;
     }
     let api: Api<EtcdCluster> = Api::namespaced(fleet.management_direct(), NS);
+    let limit = Duration::from_secs(120 + n as u64 * if setup.real_etcd { 10 } else { 1 });
     loop {
-        let ready = api
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|c| available(c, members))
-            .count();
+        let clusters = api.list(&ListParams::default()).await?.items;
+        let ready = clusters.iter().filter(|c| available(c, members)).count();
         if ready == n {
             break;
         }
-        if created.elapsed() > Duration::from_secs(120 + n as u64 * if real { 10 } else { 1 }) {
-            let stuck = api
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .find(|c| !available(c, members));
-            let pod_log = stuck
-                .as_ref()
-                .map(|c| {
-                    let name = c.metadata.name.clone().unwrap_or_default();
-                    let workload = name.replacen('c', "w", 1);
-                    let names = etcdfleet_controllers::render::Names::new(&name, WORKLOAD_NS);
-                    fleet
-                        .runtime(&workload)
-                        .pod_log_tail(WORKLOAD_NS, &names.pod(0), 20)
-                })
-                .unwrap_or_default();
+        if created.elapsed() > limit {
+            let stuck = clusters.into_iter().find(|c| !available(c, members));
             bail!(
-                "only {ready} of {n} clusters available after {:?}; a cluster not available: {}\nits pod 0's log:\n{pod_log}\ncontroller log (tail):\n{}",
+                "only {ready} of {n} clusters available after {:?}; {}",
                 created.elapsed(),
-                serde_json::to_string_pretty(&stuck.map(|c| c.status))?,
-                first
-                    .log()
-                    .lines()
-                    .rev()
-                    .take(30)
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                not_available(fleet, stuck, &first)?
             );
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    let create_s = created.elapsed().as_secs_f64();
-    let rss_create = peak_rss_mib(first.pid())?;
+    let seconds = created.elapsed().as_secs_f64();
+    let peak_rss_mib = peak_rss_mib(first.pid())?;
     eprintln!(
-        "fleet: {n} clusters created and available in {create_s:.1}s (controller A peak RSS {rss_create:.1} MiB)"
+        "fleet: {n} clusters created and available in {seconds:.1}s (controller A peak RSS {peak_rss_mib:.1} MiB)"
     );
     first.signal(libc::SIGTERM);
     first
         .wait_exit(Duration::from_secs(15))
         .context("controller A did not exit on SIGTERM")?;
+    Ok(Created {
+        seconds,
+        peak_rss_mib,
+    })
+}
 
-    // 2. A fresh controller resyncs the converged fleet.
+/// What a cluster that did not become available shows: its status, its
+/// pod 0's log and the controller's.
+fn not_available(
+    fleet: &Fleet,
+    stuck: Option<EtcdCluster>,
+    controller: &ControllerProcess,
+) -> Result<String> {
+    let pod_log = stuck
+        .as_ref()
+        .map(|c| {
+            let name = c.metadata.name.clone().unwrap_or_default();
+            let workload = name.replacen('c', "w", 1);
+            let names = etcdfleet_controllers::render::Names::new(&name, WORKLOAD_NS);
+            fleet
+                .runtime(&workload)
+                .pod_log_tail(WORKLOAD_NS, &names.pod(0), 20)
+        })
+        .unwrap_or_default();
+    let log = controller.log();
+    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+    Ok(format!(
+        "a cluster not available: {}\nits pod 0's log:\n{pod_log}\ncontroller log (tail):\n{}",
+        serde_json::to_string_pretty(&stuck.map(|c| c.status))?,
+        tail.join("\n")
+    ))
+}
+
+/// Step 2: a fresh controller B resyncs the converged fleet; returns it
+/// and the time from its start to as many converged reconciles as clusters.
+async fn resync(
+    n: usize,
+    kubeconfig: &str,
+    args: &[&str],
+) -> Result<(ControllerProcess, Duration)> {
     let resync_start = Instant::now();
-    let second = ControllerProcess::start("bench-b", &kubeconfig, &args);
+    let second = ControllerProcess::start("bench-b", kubeconfig, args);
     let resync = loop {
         if converged_reconciles(&second).unwrap_or(0) >= n as u64 {
             break resync_start.elapsed();
@@ -266,38 +394,57 @@ async fn bench() -> Result<()> {
         "fleet: resync of {n} clusters by a fresh controller in {:.2}s",
         resync.as_secs_f64()
     );
+    Ok((second, resync))
+}
 
-    // 3. Steady state: B's API calls per converged reconcile.
-    let mut tokens: BTreeSet<String> = BTreeSet::from([management_token.clone()]);
-    tokens.extend(
-        workloads
-            .iter()
-            .filter_map(|w| token_of(&fleet.kubeconfig(w))),
-    );
-    let before = converged_reconciles(&second).unwrap_or(0);
-    let cpu_before = cpu_ms(second.pid())?;
-    fleet.clear_ops();
+/// Step 3: B's calls and CPU (and the real API server's CPU) over the
+/// steady-state window.
+struct Steady {
+    converged: u64,
+    reads: usize,
+    writes: usize,
+    cpu_ms: f64,
+    apiserver_cpu_ms: Option<f64>,
+}
+
+impl Steady {
+    fn per(&self, x: f64) -> f64 {
+        x / self.converged as f64
+    }
+}
+
+async fn steady_state(c: &Counting<'_>) -> Result<Steady> {
+    let before = converged_reconciles(c.controller).context("controller B's /metrics")?;
+    let pid = c.controller.pid();
+    let apiserver = c.management.apiserver_pid();
+    let cpu_before = cpu_ms(pid)?;
+    let apiserver_before = apiserver.map(cpu_ms).transpose()?;
+    let mark = c.management.mark(c.fleet)?;
     tokio::time::sleep(WINDOW).await;
-    let cpu_window = cpu_ms(second.pid())? - cpu_before;
-    let ops: Vec<_> = fleet
-        .ops()
-        .into_iter()
-        .filter(|op| op.token.as_ref().is_some_and(|t| tokens.contains(t)))
-        .collect();
-    let converged = converged_reconciles(&second).unwrap_or(0) - before;
+    let cpu = cpu_ms(pid)? - cpu_before;
+    let apiserver_cpu_ms = match (apiserver, apiserver_before) {
+        (Some(pid), Some(before)) => Some(cpu_ms(pid)? - before),
+        _ => None,
+    };
+    let ops = c
+        .management
+        .calls_since(c.fleet, mark, &c.tokens, &c.management_token)?;
+    let after = converged_reconciles(c.controller).context("controller B's /metrics")?;
+    let converged = after - before;
+    if converged == 0 {
+        bail!("no converged reconcile in the {WINDOW:?} window");
+    }
     let reads = ops.iter().filter(|o| o.is_read()).count();
     let writes = ops.iter().filter(|o| o.is_write()).count();
     let management_reads = ops
         .iter()
         .filter(|o| o.is_read() && o.cluster == MANAGEMENT)
         .count();
-    if converged == 0 {
-        bail!("no converged reconcile in the {WINDOW:?} window");
-    }
-    let per = |x: usize| x as f64 / converged as f64;
     eprintln!(
-        "fleet: window {:?}: {converged} converged reconciles, {reads} reads ({management_reads} management), {writes} writes, {cpu_window:.0} ms of controller CPU",
-        WINDOW
+        "fleet: window {WINDOW:?}: {converged} converged reconciles, {reads} reads ({management_reads} management), {writes} writes, {cpu:.0} ms of controller CPU{}",
+        apiserver_cpu_ms.map_or_else(String::new, |ms| format!(
+            ", {ms:.0} ms of kube-apiserver CPU"
+        ))
     );
     for op in ops.iter().filter(|o| o.is_write()).take(5) {
         eprintln!(
@@ -305,10 +452,20 @@ async fn bench() -> Result<()> {
             op.cluster, op.verb, op.resource, op.name
         );
     }
-    let rss_fleet = peak_rss_mib(second.pid())?;
+    Ok(Steady {
+        converged,
+        reads,
+        writes,
+        cpu_ms: cpu,
+        apiserver_cpu_ms,
+    })
+}
 
-    // 4. Large unrelated Secrets must not grow the controller.
-    let secrets: Api<Secret> = Api::namespaced(fleet.management_direct(), NS);
+/// Step 4: 200 unrelated Secrets of 500 KB in the watched namespace; the
+/// lists or watches of Secrets B made meanwhile (it must only GET them).
+async fn unrelated_secrets(c: &Counting<'_>) -> Result<usize> {
+    let mark = c.management.mark(c.fleet)?;
+    let secrets: Api<Secret> = Api::namespaced(c.fleet.management_direct(), NS);
     let payload = vec![b'x'; 500 * 1024];
     for i in 0..200 {
         let s = Secret {
@@ -322,251 +479,77 @@ async fn bench() -> Result<()> {
         secrets.create(&PostParams::default(), &s).await?;
     }
     tokio::time::sleep(Duration::from_secs(REQUEUE_CONVERGED_S + 5)).await;
-    let rss_secrets = peak_rss_mib(second.pid())?;
-    let secret_lists = fleet.secret_lists_or_watches().len();
+    let ops = c
+        .management
+        .calls_since(c.fleet, mark, &c.tokens, &c.management_token)?;
+    Ok(ops
+        .iter()
+        .filter(|op| op.resource == "secrets" && (op.verb == "list" || op.verb == "watch"))
+        .count())
+}
 
-    // 5. A rollout over the whole fleet (stand-in only: it changes clusters).
-    let rollout = if real {
-        None
-    } else {
-        Some(rollout_cost(&fleet, &second, &tokens).await?)
-    };
-    let rss_rollout = peak_rss_mib(second.pid())?;
+/// The result line's figures.
+struct Figures<'a> {
+    setup: &'a Setup,
+    resync: Duration,
+    /// B's peak RSS, at the end.
+    rss_mib: f64,
+    /// A's peak RSS (creating the fleet).
+    create_rss_mib: f64,
+    steady: &'a Steady,
+    apiserver_rss_mib: Option<f64>,
+    rollout: Option<&'a RolloutCost>,
+}
 
-    let etcd = if real {
-        "real etcd 3.5"
-    } else {
-        "etcd stand-in"
-    };
-    println!(
-        "fleet_create clusters={n} members={members} create_s={create_s:.1} rss_mib={rss_create:.1} ({etcd}, TLS, port-forward)"
-    );
-    println!(
-        "fleet_secrets secrets=200 size_kib=500 rss_mib_before={rss_fleet:.1} rss_mib_after={rss_secrets:.1} secret_lists_or_watches={secret_lists}"
-    );
-    if let Some(r) = &rollout {
-        println!("{r}");
+impl std::fmt::Display for Figures<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.steady;
+        write!(
+            f,
+            "{} clusters={} resync_s={:.2} rss_mib={:.1} create_peak_rss_mib={:.1}",
+            self.setup.line(),
+            self.setup.n,
+            self.resync.as_secs_f64(),
+            self.rss_mib,
+            self.create_rss_mib
+        )?;
+        if let (Some(rss), Some(cpu)) = (self.apiserver_rss_mib, s.apiserver_cpu_ms) {
+            let per_min = cpu / 1000.0 / (WINDOW.as_secs_f64() / 60.0);
+            write!(
+                f,
+                " apiserver_rss_mib={rss:.1} apiserver_cpu_s_per_min={per_min:.2}"
+            )?;
+        }
+        write!(
+            f,
+            " reads_per_converged={:.2} writes_per_converged={:.2} cpu_ms_per_converged={:.2}{}",
+            s.per(s.reads as f64),
+            s.per(s.writes as f64),
+            s.per(s.cpu_ms),
+            self.rollout.map_or_else(String::new, RolloutCost::summary)
+        )
     }
-    println!(
-        "{} clusters={n} resync_s={:.2} rss_mib={rss_rollout:.1} create_rss_mib={rss_create:.1} reads_per_converged={:.2} writes_per_converged={:.2} cpu_ms_per_converged={:.2}{}",
-        if real {
-            format!("fleet_real members={members}")
-        } else {
-            "fleet".to_string()
-        },
-        resync.as_secs_f64(),
-        per(reads),
-        per(writes),
-        cpu_window / converged as f64,
-        rollout
-            .as_ref()
-            .map_or_else(String::new, RolloutCost::summary)
-    );
-    drop(second);
-    fleet.shutdown().await;
-    if !real {
-        within_budget(resync, rss_create.max(rss_rollout))?;
-    }
-    Ok(())
 }
 
 /// The stand-in fleet's budget per replica.
-fn within_budget(resync: Duration, peak_rss_mib: f64) -> Result<()> {
+fn within_budget(figures: &Figures<'_>) -> Result<()> {
     let mut over = Vec::new();
-    if resync.as_secs_f64() > BUDGET_RESYNC_S {
-        over.push(format!(
-            "resync {:.2}s > {BUDGET_RESYNC_S}s",
-            resync.as_secs_f64()
-        ));
+    let resync = figures.resync.as_secs_f64();
+    if resync > BUDGET_RESYNC_S {
+        over.push(format!("resync {resync:.2}s > {BUDGET_RESYNC_S}s"));
     }
-    if peak_rss_mib > BUDGET_RSS_MIB {
+    let peak = figures.rss_mib.max(figures.create_rss_mib);
+    if peak > BUDGET_RSS_MIB {
+        over.push(format!("peak RSS {peak:.1} MiB > {BUDGET_RSS_MIB} MiB"));
+    }
+    if figures.steady.writes > 0 {
         over.push(format!(
-            "peak RSS {peak_rss_mib:.1} MiB > {BUDGET_RSS_MIB} MiB"
+            "{} writes in {} converged reconciles",
+            figures.steady.writes, figures.steady.converged
         ));
     }
     if !over.is_empty() {
         bail!("fleet over budget: {}", over.join("; "));
     }
     Ok(())
-}
-
-/// What the bench's rollout cost the controller.
-struct RolloutCost {
-    waves: usize,
-    clusters_changed: usize,
-    took: Duration,
-    plan_mean_ms: f64,
-    plan_max_ms: f64,
-    plans: u64,
-    /// B's management API calls about the rollout: GETs and status writes
-    /// of the rollout, writes of clusters under its field manager.
-    rollout_calls: usize,
-    cluster_writes: usize,
-    /// Lists or watches of EtcdClusters opened during the rollout.
-    cluster_lists_or_watches: usize,
-}
-
-impl RolloutCost {
-    fn summary(&self) -> String {
-        format!(
-            " rollout_plan_ms={:.2} rollout_calls_per_wave={:.1}",
-            self.plan_mean_ms,
-            self.rollout_calls as f64 / self.waves as f64
-        )
-    }
-}
-
-impl std::fmt::Display for RolloutCost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "fleet_rollout waves={} clusters_changed={} took_s={:.1} plans={} plan_mean_ms={:.2} plan_max_ms<={:.2} calls={} calls_per_wave={:.1} cluster_writes={} cluster_lists_or_watches={}",
-            self.waves,
-            self.clusters_changed,
-            self.took.as_secs_f64(),
-            self.plans,
-            self.plan_mean_ms,
-            self.plan_max_ms,
-            self.rollout_calls,
-            self.rollout_calls as f64 / self.waves as f64,
-            self.cluster_writes,
-            self.cluster_lists_or_watches
-        )
-    }
-}
-
-/// One Prometheus sample of a controller's /metrics (`name` with its labels).
-fn sample(process: &ControllerProcess, name: &str) -> Option<f64> {
-    let (_, body) = process.get("/metrics")?;
-    body.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
-/// The upper bound of the lowest bucket of a histogram holding all samples.
-fn histogram_max(process: &ControllerProcess, name: &str) -> Option<f64> {
-    let (_, body) = process.get("/metrics")?;
-    let count = sample(process, &format!("{name}_count"))?;
-    body.lines()
-        .filter_map(|l| l.strip_prefix(&format!("{name}_bucket{{le=\"")))
-        .filter_map(|rest| {
-            let (le, value) = rest.split_once("\"} ")?;
-            Some((le.parse::<f64>().ok()?, value.trim().parse::<f64>().ok()?))
-        })
-        .find(|(_, v)| *v >= count)
-        .map(|(le, _)| le)
-}
-
-async fn rollout_status(api: &Api<EtcdFleetRollout>) -> Result<EtcdFleetRolloutStatus> {
-    Ok(api.get("bench").await?.status.unwrap_or_default())
-}
-
-/// Step 5: a rollout over the fleet, for [`ROLLOUT_WAVES`] waves, then
-/// aborted; what it cost controller B.
-async fn rollout_cost(
-    fleet: &Fleet,
-    controller: &ControllerProcess,
-    tokens: &BTreeSet<String>,
-) -> Result<RolloutCost> {
-    let api: Api<EtcdFleetRollout> = Api::all(fleet.management_direct());
-    let mut rollout = EtcdFleetRollout::new(
-        "bench",
-        EtcdFleetRolloutSpec {
-            selector: FleetSelector {
-                namespaces: vec![NS.to_string()],
-                ..Default::default()
-            },
-            version: Some("3.5.21".into()),
-            strategy: RolloutStrategy {
-                canary: Some(1),
-                wave_size: Some(ROLLOUT_WAVE),
-                max_in_flight: Some(ROLLOUT_WAVE),
-                soak: Some("1s".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    );
-    rollout.metadata.labels = cluster("x", "x", 1, "3.5.1").metadata.labels;
-    fleet.clear_ops();
-    let started = Instant::now();
-    api.create(&PostParams::default(), &rollout).await?;
-    let deadline = started
-        + Duration::from_secs(
-            std::env::var("ETCDFLEET_BENCH_ROLLOUT_TIMEOUT")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(300),
-        );
-    let status = loop {
-        let status = rollout_status(&api).await?;
-        let done = status
-            .waves
-            .iter()
-            .take(ROLLOUT_WAVES)
-            .all(|w| w.state == "Done");
-        if status.waves.len() >= ROLLOUT_WAVES && done {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let log = controller.log();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            bail!(
-                "the bench's rollout did not finish {ROLLOUT_WAVES} waves: {:?} {:?}; controller log (last lines first):\n{}",
-                status.phase,
-                status.waves,
-                tail.join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let took = started.elapsed();
-    let patch = serde_json::json!({ "spec": { "abort": true } });
-    api.patch("bench", &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    let ops: Vec<_> = fleet
-        .ops()
-        .into_iter()
-        .filter(|op| op.cluster == MANAGEMENT)
-        .filter(|op| op.token.as_ref().is_some_and(|t| tokens.contains(t)))
-        .collect();
-    let cluster_writes = ops
-        .iter()
-        .filter(|o| o.resource == "etcdclusters" && o.is_write())
-        .filter(|o| {
-            o.query_param("fieldManager")
-                .is_some_and(|m| m.starts_with(etcdfleet_api::rollout::FIELD_MANAGER_PREFIX))
-        })
-        .count();
-    let rollout_calls = ops
-        .iter()
-        .filter(|o| o.resource == "etcdfleetrollouts")
-        .count()
-        + cluster_writes;
-    let cluster_lists_or_watches = ops
-        .iter()
-        .filter(|o| o.resource == "etcdclusters" && (o.verb == "list" || o.verb == "watch"))
-        .count();
-    let metric = "etcdfleet_rollout_plan_duration_seconds";
-    let plans = sample(controller, &format!("{metric}_count")).unwrap_or(0.0);
-    let sum = sample(controller, &format!("{metric}_sum")).unwrap_or(0.0);
-    Ok(RolloutCost {
-        waves: ROLLOUT_WAVES,
-        clusters_changed: status
-            .clusters
-            .iter()
-            .filter(|c| c.changed_at.is_some())
-            .count(),
-        took,
-        plan_mean_ms: if plans > 0.0 {
-            sum / plans * 1000.0
-        } else {
-            0.0
-        },
-        plan_max_ms: histogram_max(controller, metric).unwrap_or(f64::NAN) * 1000.0,
-        plans: plans as u64,
-        rollout_calls,
-        cluster_writes,
-        cluster_lists_or_watches,
-    })
 }

@@ -98,7 +98,9 @@ pub const WORKLOAD_USER: &str = "etcdfleet-controller";
 /// A management cluster and its workload clusters. See the module docs.
 pub struct Fleet {
     namespace: String,
-    management_api: ApiServer,
+    /// `None` when the management cluster is a real API server
+    /// ([`Fleet::with_real_management`]).
+    management_api: Option<ApiServer>,
     management_direct: Client,
     management: Client,
     workloads: BTreeMap<String, Workload>,
@@ -171,21 +173,55 @@ impl Fleet {
         let recorder = OpRecorder::default();
         management_api.set_recorder(recorder.clone());
         let management_direct = management_api.admin_client();
+        let management = management_api.client_as(CONTROLLER_USER);
+        let mut fleet = Fleet::empty(namespace, management_direct, management, recorder).await?;
+        fleet.management_api = Some(management_api);
+        fleet.add_workloads(workload_names, images).await?;
+        Ok(fleet)
+    }
+
+    /// A fleet whose management cluster is a real API server (the fleet
+    /// benchmark's `fleet_real_api` run): `admin` sets it up and reads it,
+    /// `controller` is the controller's identity there. Only the workload
+    /// clusters' calls are recorded; count the management cluster's from
+    /// its audit log.
+    pub async fn with_real_management(
+        admin: Client,
+        controller: Client,
+        namespace: &str,
+        workload_names: &[&str],
+        images: ImageTable,
+    ) -> Result<Fleet> {
+        let mut fleet = Fleet::empty(namespace, admin, controller, OpRecorder::default()).await?;
+        fleet.add_workloads(workload_names, images).await?;
+        Ok(fleet)
+    }
+
+    async fn empty(
+        namespace: &str,
+        management_direct: Client,
+        management: Client,
+        recorder: OpRecorder,
+    ) -> Result<Fleet> {
         for ns in [namespace, CONTROLLER_NAMESPACE] {
             create_namespace(&management_direct, ns).await?;
         }
-        let management = management_api.client_as(CONTROLLER_USER);
-        let mut fleet = Fleet {
+        Ok(Fleet {
             namespace: namespace.to_string(),
-            management_api,
+            management_api: None,
             management_direct,
             management,
             workloads: BTreeMap::new(),
             recorder,
-        };
+        })
+    }
+
+    /// Starts a workload cluster (API server, runtime, port-forward) per
+    /// name and writes its kubeconfig Secret.
+    async fn add_workloads(&mut self, workload_names: &[&str], images: ImageTable) -> Result<()> {
         for &name in workload_names {
             let api = ApiServer::workload(name).await?;
-            api.set_recorder(fleet.recorder.clone());
+            api.set_recorder(self.recorder.clone());
             let server = api.url();
             let direct = api.admin_client();
             let recorded = api.client_as(WORKLOAD_USER);
@@ -201,7 +237,7 @@ impl Fleet {
             // Keep the fixture honest: it must parse as a kubeconfig.
             Kubeconfig::from_yaml(&kubeconfig)
                 .context("the generated kubeconfig does not parse")?;
-            fleet.workloads.insert(
+            self.workloads.insert(
                 name.to_string(),
                 Workload {
                     api,
@@ -213,14 +249,17 @@ impl Fleet {
                     portforward,
                 },
             );
-            fleet.put_kubeconfig(name, &kubeconfig).await?;
+            self.put_kubeconfig(name, &kubeconfig).await?;
         }
-        Ok(fleet)
+        Ok(())
     }
 
     /// The management API server itself (tokens, watch history, ...).
+    /// Panics when the management cluster is a real API server.
     pub fn management_api(&self) -> &ApiServer {
-        &self.management_api
+        self.management_api
+            .as_ref()
+            .expect("this fleet's management cluster is a real API server")
     }
 
     /// Workload cluster `name`'s API server itself.

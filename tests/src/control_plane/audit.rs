@@ -23,6 +23,12 @@ pub struct AuditEvent {
     pub response_status: Option<ResponseStatus>,
     #[serde(default)]
     pub stage: String,
+    /// When the request arrived and when this stage was logged
+    /// (RFC 3339 with microseconds, so they order as strings).
+    #[serde(default)]
+    pub request_received_timestamp: String,
+    #[serde(default)]
+    pub stage_timestamp: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]

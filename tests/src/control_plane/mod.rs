@@ -30,6 +30,7 @@
 
 mod audit;
 pub mod conditions;
+mod management;
 mod nodes;
 mod plane;
 pub mod readme;
@@ -39,6 +40,7 @@ pub mod scenario;
 pub mod world;
 
 pub use audit::{AuditEvent, AuditLog};
+pub use management::{CONTROLLER_USERNAME, RealManagement};
 pub use plane::{
     ADMIN_USER, ControlPlane, Controllers, KubeBinaries, StorageEtcd, User, client_from_kubeconfig,
     require_kubernetes,

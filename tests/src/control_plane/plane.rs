@@ -462,6 +462,11 @@ impl ControlPlane {
         cmd
     }
 
+    /// The kube-apiserver process (for its CPU time and peak RSS).
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.pid()
+    }
+
     /// Every request the API server audited so far.
     pub fn audit(&self) -> Result<AuditLog> {
         AuditLog::read(&self.path.join("audit.log"))

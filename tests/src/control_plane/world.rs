@@ -268,16 +268,7 @@ impl KubeWorld {
     /// `overlay` (a directory under `config/`), both with `kubectl apply
     /// --server-side -k`.
     pub fn install(&self, overlay: &str) -> Result<()> {
-        self.kubectl(&["apply", "--server-side", "-k", "config/crd"])?;
-        self.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd",
-            "--all",
-        ])?;
-        self.kubectl(&["apply", "--server-side", "-k", overlay])?;
-        Ok(())
+        install(&self.management, &self.binaries, overlay)
     }
 
     /// Applies `config/workload-rbac` to every workload cluster.
@@ -317,19 +308,7 @@ impl KubeWorld {
     /// A token of the controller's ServiceAccount (`TokenRequest`, as a pod
     /// would mount it), once the shipped RBAC created it.
     pub async fn controller_token(&self) -> Result<String> {
-        let api: Api<ServiceAccount> =
-            Api::namespaced(self.management.admin_client().await?, CONTROLLER_NAMESPACE);
-        let request: TokenRequest = serde_json::from_value(json!({
-            "spec": { "audiences": [], "expirationSeconds": 86400 }
-        }))?;
-        let token = api
-            .create_token_request(CONTROLLER_SERVICE_ACCOUNT, &PostParams::default(), &request)
-            .await
-            .context("TokenRequest for the controller's ServiceAccount")?;
-        token
-            .status
-            .and_then(|s| s.token)
-            .context("TokenRequest answered without a token")
+        controller_token(&self.management).await
     }
 
     /// A management client as the controller's ServiceAccount.
@@ -481,7 +460,44 @@ impl WorkloadPlane {
     }
 }
 
-async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
+/// See [`KubeWorld::install`]: the CRDs, then `overlay`, on `plane`.
+pub(super) fn install(plane: &ControlPlane, binaries: &KubeBinaries, overlay: &str) -> Result<()> {
+    let kubectl = |args: &[&str]| run_kubectl(plane.kubectl(binaries), args);
+    kubectl(&["apply", "--server-side", "-k", "config/crd"])?;
+    kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd",
+        "--all",
+    ])?;
+    kubectl(&["apply", "--server-side", "-k", overlay])?;
+    Ok(())
+}
+
+/// See [`KubeWorld::controller_token`].
+pub(super) async fn controller_token(plane: &ControlPlane) -> Result<String> {
+    service_account_token(plane, CONTROLLER_SERVICE_ACCOUNT).await
+}
+
+/// A token of ServiceAccount `name` in the controller's namespace.
+pub(super) async fn service_account_token(plane: &ControlPlane, name: &str) -> Result<String> {
+    let api: Api<ServiceAccount> =
+        Api::namespaced(plane.admin_client().await?, CONTROLLER_NAMESPACE);
+    let request: TokenRequest = serde_json::from_value(json!({
+        "spec": { "audiences": [], "expirationSeconds": 86400 }
+    }))?;
+    let token = api
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("TokenRequest for ServiceAccount {name}"))?;
+    token
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest answered without a token")
+}
+
+pub(super) async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
     let namespace: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } }))?;
     match Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &namespace)
@@ -492,7 +508,7 @@ async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
     }
 }
 
-fn run_kubectl(cmd: Command, args: &[&str]) -> Result<String> {
+pub(super) fn run_kubectl(cmd: Command, args: &[&str]) -> Result<String> {
     run_kubectl_with_input(cmd, args, "")
 }
 
