@@ -27,6 +27,15 @@ use crate::etcd::{
 use crate::metrics::Metrics;
 use crate::pki::{CertificateAuthority, PkiError};
 use crate::render::{self, Names};
+use crate::shard::gate::{Gate, Pass};
+
+/// Work on a cluster may not start: it is moving to another shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateClosed;
+
+/// How soon a reconcile refused by a closed gate looks again (the gate
+/// reopens within a shard round when the cluster stays or comes back).
+pub const GATE_RETRY: Duration = Duration::from_secs(2);
 
 /// Decides whether this controller owns an EtcdCluster (see
 /// `crate::config::ControllerConfig::owns`).
@@ -50,6 +59,14 @@ pub struct Access {
     /// Clusters this controller may touch; `None` owns all. The watch is
     /// filtered too; this is the defence in depth.
     pub owner_filter: Option<OwnerFilter>,
+    /// Sharded mode: the clusters of this controller's scope whichever
+    /// shard reconciles them (what the rollout controller plans over);
+    /// `None`: those [`Self::owns`] takes.
+    pub scope_filter: Option<OwnerFilter>,
+    /// Sharded mode: the gate every reconcile about a cluster passes (work
+    /// on a cluster stops before it moves to another shard); `None`
+    /// unsharded.
+    pub shard_gate: Option<Arc<Gate>>,
     /// The process's shutdown request: a reconcile that has not acted yet
     /// ends when it comes (never requested outside `etcdfleet run`).
     pub shutdown: crate::shutdown::Shutdown,
@@ -79,6 +96,8 @@ impl Access {
             metrics,
             recorder,
             owner_filter: None,
+            scope_filter: None,
+            shard_gate: None,
             shutdown: Default::default(),
         }
     }
@@ -86,6 +105,30 @@ impl Access {
     /// Whether this controller may touch `cluster` (see [`OwnerFilter`]).
     pub fn owns(&self, cluster: &EtcdCluster) -> bool {
         self.owner_filter.as_ref().is_none_or(|owns| owns(cluster))
+    }
+
+    /// Whether `cluster` is in this controller's scope, whichever shard
+    /// reconciles it (see [`Self::scope_filter`]).
+    pub fn in_scope(&self, cluster: &EtcdCluster) -> bool {
+        match &self.scope_filter {
+            Some(in_scope) => in_scope(cluster),
+            None => self.owns(cluster),
+        }
+    }
+
+    /// Work on the cluster `namespace/name` may start: a pass to hold until
+    /// it ends (none unsharded), or `Err` while the cluster is moving to
+    /// another shard.
+    pub fn enter(&self, cluster_key: &str) -> Result<Option<Pass>, GateClosed> {
+        match &self.shard_gate {
+            None => Ok(None),
+            Some(gate) => gate.enter(cluster_key).map(Some).ok_or(GateClosed),
+        }
+    }
+
+    /// Whether this replica shares the fleet with others (sharded mode).
+    pub fn sharded(&self) -> bool {
+        self.shard_gate.is_some()
     }
 
     /// Publishes an event about a cluster; a failure to publish is logged,

@@ -118,6 +118,96 @@ impl LeaderElectionConfig {
     }
 }
 
+/// The `sharding` section: N replicas of one Deployment share the fleet
+/// (docs/sharding.md). Each replica holds a Lease `<leasePrefix><shard>` in
+/// the leader election's namespace, with its duration and renewal, and
+/// reconciles the clusters labelled `etcdfleet.dev/shard=<shard>`; the
+/// leader labels clusters that have no live shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ShardingConfig {
+    pub enabled: bool,
+    /// This replica's shard; default the pod's name (`POD_NAME`).
+    pub shard_name: Option<String>,
+    pub lease_prefix: String,
+}
+
+impl Default for ShardingConfig {
+    fn default() -> Self {
+        ShardingConfig {
+            enabled: false,
+            shard_name: None,
+            lease_prefix: "etcdfleet-shard-".into(),
+        }
+    }
+}
+
+impl ShardingConfig {
+    /// This replica's shard name (`shardName`, else `POD_NAME`, else the
+    /// host name and process id, lowercased).
+    pub fn shard(&self) -> String {
+        self.shard_name
+            .clone()
+            .unwrap_or_else(|| replica_identity().to_lowercase().replace('_', "-"))
+    }
+
+    /// The Lease configuration of this replica's shard.
+    pub fn lease(&self, leader: &LeaderElectionConfig) -> LeaderElectionConfig {
+        LeaderElectionConfig {
+            enabled: true,
+            lease_name: format!("{}{}", self.lease_prefix, self.shard()),
+            ..leader.clone()
+        }
+    }
+
+    fn validate(&self, leader: &LeaderElectionConfig) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if !leader.enabled {
+            return Err(invalid(
+                "sharding.enabled",
+                "needs leaderElection.enabled: the leader labels the clusters of lapsed shards",
+            ));
+        }
+        let shard = self.shard();
+        if !is_dns_label(&shard) {
+            return Err(invalid(
+                "sharding.shardName",
+                format!(
+                    "{shard:?} is not a DNS label (it is a label value and part of a Lease name)"
+                ),
+            ));
+        }
+        let lease = format!("{}{shard}", self.lease_prefix);
+        if self.lease_prefix.is_empty() || !is_dns_subdomain(&lease) {
+            return Err(invalid(
+                "sharding.leasePrefix",
+                format!("{lease:?} is not a valid Lease name"),
+            ));
+        }
+        if leader.lease_name.starts_with(&self.lease_prefix) {
+            return Err(invalid(
+                "sharding.leasePrefix",
+                format!(
+                    "the leader Lease {:?} starts with it and would count as a shard",
+                    leader.lease_name
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// This replica's identity: `POD_NAME` in a Deployment; otherwise the
+/// host name and process id.
+pub fn replica_identity() -> String {
+    std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "etcdfleet".into());
+        format!("{host}_{}", std::process::id())
+    })
+}
+
 /// The `tracing` section of the controller config.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -161,6 +251,7 @@ pub struct ControllerConfig {
     pub deletion_timeout_seconds: u64,
     pub requeue_converged_seconds: u64,
     pub leader_election: LeaderElectionConfig,
+    pub sharding: ShardingConfig,
     pub metrics_address: String,
     pub log_format: LogFormat,
     /// OpenTelemetry trace export (off unless an endpoint is set).
@@ -208,6 +299,7 @@ impl Default for ControllerConfig {
             deletion_timeout_seconds: 600,
             requeue_converged_seconds: 60,
             leader_election: LeaderElectionConfig::default(),
+            sharding: ShardingConfig::default(),
             metrics_address: "0.0.0.0:8080".into(),
             log_format: LogFormat::Text,
             tracing: Default::default(),
@@ -238,6 +330,9 @@ pub struct Overrides {
     pub lease_duration_seconds: Option<u64>,
     pub renew_interval_seconds: Option<u64>,
     pub renew_deadline_seconds: Option<u64>,
+    pub sharding: Option<bool>,
+    pub shard_name: Option<String>,
+    pub shard_lease_prefix: Option<String>,
     pub metrics_address: Option<String>,
     pub log_format: Option<LogFormat>,
     pub max_concurrent_reconciles: Option<u16>,
@@ -333,6 +428,15 @@ impl ControllerConfig {
         }
         if let Some(v) = o.renew_deadline_seconds {
             self.leader_election.renew_deadline_seconds = Some(v);
+        }
+        if let Some(v) = o.sharding {
+            self.sharding.enabled = v;
+        }
+        if let Some(v) = o.shard_name {
+            self.sharding.shard_name = Some(v);
+        }
+        if let Some(v) = o.shard_lease_prefix {
+            self.sharding.lease_prefix = v;
         }
         if let Some(v) = o.metrics_address {
             self.metrics_address = v;
@@ -457,6 +561,7 @@ impl ControllerConfig {
                 ));
             }
         }
+        self.sharding.validate(&self.leader_election)?;
         let mut seen = BTreeSet::new();
         for ns in &self.namespaces {
             if !is_dns_label(ns) {
@@ -872,6 +977,44 @@ data:
                 "{yaml}: {err} should name {field}"
             );
         }
+    }
+
+    #[test]
+    fn sharding_needs_leader_election_and_names_that_fit_a_label_and_a_lease() {
+        let ok = ControllerConfig::from_yaml(
+            "leaderElection: {enabled: true}\nsharding: {enabled: true, shardName: etcdfleet-7d9-x2}",
+            "c.yaml",
+        )
+        .unwrap();
+        let lease = ok.sharding.lease(&ok.leader_election);
+        assert_eq!(lease.lease_name, "etcdfleet-shard-etcdfleet-7d9-x2");
+        assert_eq!(lease.lease_duration_seconds, 15);
+        for (yaml, field) in [
+            (
+                "sharding: {enabled: true, shardName: a}",
+                "sharding.enabled",
+            ),
+            (
+                "leaderElection: {enabled: true}\nsharding: {enabled: true, shardName: Not_A_Label}",
+                "sharding.shardName",
+            ),
+            (
+                "leaderElection: {enabled: true}\nsharding: {enabled: true, shardName: a, leasePrefix: etcdfleet-}",
+                "sharding.leasePrefix",
+            ),
+            (
+                "leaderElection: {enabled: true}\nsharding: {enabled: true, shardName: a, leasePrefix: \"\"}",
+                "sharding.leasePrefix",
+            ),
+        ] {
+            let err = ControllerConfig::from_yaml(yaml, "c.yaml").unwrap_err();
+            assert!(
+                err.to_string().starts_with(field),
+                "{yaml}: {err} should name {field}"
+            );
+        }
+        // Off, nothing about it is checked.
+        ControllerConfig::from_yaml("sharding: {shardName: Not_A_Label}", "c.yaml").unwrap();
     }
 
     #[test]

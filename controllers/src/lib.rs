@@ -20,6 +20,7 @@ pub mod render;
 pub mod restore;
 pub mod rollout;
 pub mod runner;
+pub mod shard;
 pub mod shutdown;
 pub mod snapshot;
 pub mod store;

@@ -124,6 +124,7 @@ pub struct Metrics {
     /// Recoveries from a lost quorum started, per cluster.
     quorum_loss_recoveries: Family<ClusterLabels, Counter>,
     drills: DrillSeries,
+    shards: ShardSeries,
 }
 
 impl Default for Metrics {
@@ -238,8 +239,10 @@ impl Metrics {
             rollout_clusters,
         } = RolloutSeries::register(&mut r);
         let drills = DrillSeries::register(&mut r);
+        let shards = ShardSeries::register(&mut r);
         Metrics {
             drills,
+            shards,
             registry: r,
             ca_rotation_phase,
             ca_rotation_phases: Mutex::new(HashMap::new()),
@@ -266,6 +269,23 @@ impl Metrics {
             rollout_writes,
             rollout_clusters,
         }
+    }
+
+    /// How many clusters this replica's shard holds, and how many shards
+    /// it sees live (sharded mode).
+    pub fn set_shard(&self, clusters: usize, live: usize) {
+        self.shards.clusters.set(clusters as i64);
+        self.shards.live.set(live as i64);
+    }
+
+    /// This replica wrote a cluster's shard label, by the rule that moved it.
+    pub fn count_shard_move(&self, rule: &str) {
+        self.shards
+            .moves
+            .get_or_create(&ReasonLabels {
+                reason: rule.to_string(),
+            })
+            .inc();
     }
 
     /// One rollout planning pass took `took`.
@@ -671,6 +691,39 @@ impl DrillSeries {
                 r,
                 "backup_drill_completed_timestamp_seconds",
                 "When the last restore drill of the cluster's backups finished (Unix seconds)",
+                Family::default(),
+            ),
+        }
+    }
+}
+
+/// The sharded mode's series (docs/sharding.md), registered together.
+struct ShardSeries {
+    clusters: Gauge,
+    live: Gauge,
+    moves: Family<ReasonLabels, Counter>,
+}
+
+impl ShardSeries {
+    fn register(r: &mut Registry) -> Self {
+        ShardSeries {
+            clusters: registered(
+                r,
+                "shard_clusters",
+                "EtcdClusters labelled with this replica's shard (sharded mode)",
+                Gauge::default(),
+            ),
+            live: registered(
+                r,
+                "shard_live",
+                "Shards whose Lease this replica sees live (sharded mode)",
+                Gauge::default(),
+            ),
+            moves: registered(
+                r,
+                "shard_moves",
+                "Shard labels this replica wrote, by the rule that moved the cluster \
+                 (ReleaseToItsOwner, AssignUnlabelled, AssignFromLapsedShard)",
                 Family::default(),
             ),
         }

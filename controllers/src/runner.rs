@@ -21,7 +21,7 @@ use kube::api::ListParams;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::ControllerConfig;
@@ -248,11 +248,186 @@ async fn run_until_stopped(
     health.set_listed();
     info!("first list of EtcdClusters succeeded; ready");
 
+    if config.sharding.enabled {
+        let world = Running {
+            config: &config,
+            client,
+            server,
+            metrics,
+            health,
+            shutdown,
+        };
+        return run_sharded(world, apis).await;
+    }
     let elector = lead(&config, &client, &server, &health, &shutdown).await?;
-    let ctx = reconciler_context(&config, client, metrics, &shutdown);
-    let loops = start_controllers(apis, &config, ctx, &server, &shutdown);
+    let ctx = reconciler_context(&config, client, metrics, &shutdown, None);
+    let (loops, _) = start_controllers(apis, &config, ctx, &server, &shutdown, true);
     info!("controller running");
-    Ok(wait_and_drain(loops, &shutdown, &health, grace, elector.as_deref()).await)
+    let electors: Vec<&LeaderElector> = elector.as_deref().into_iter().collect();
+    Ok(wait_and_drain(loops, &shutdown, &health, grace, &electors).await)
+}
+
+/// What a run has once the API server answered.
+struct Running<'a> {
+    config: &'a ControllerConfig,
+    client: Client,
+    server: String,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: Shutdown,
+}
+
+/// Sharded mode (docs/sharding.md): this replica holds its shard's Lease
+/// before it reconciles anything and exits when it loses it; it reconciles
+/// the clusters labelled with its shard, hands over those that hash to
+/// another live shard, and while it holds the group's leader Lease labels
+/// the clusters with no live shard and runs the fleet rollouts.
+async fn run_sharded(run: Running<'_>, apis: Vec<Api<EtcdCluster>>) -> Result<ExitCode, ExitCode> {
+    let config = run.config;
+    let me = config.sharding.shard();
+    let lease_config = config.sharding.lease(&config.leader_election);
+    let lease = Arc::new(LeaderElector::new(
+        run.client.clone(),
+        &lease_config,
+        me.clone(),
+    ));
+    if run.shutdown.race(lease.acquire()).await.is_none() {
+        return Err(stopped("while waiting for the shard Lease"));
+    }
+    hold_or_exit(lease.clone(), &run.health, &run.shutdown, "shard");
+    let shard = Arc::new(crate::shard::run::Shard::new(
+        run.client.clone(),
+        &me,
+        &config.sharding.lease_prefix,
+        &config.leader_election.lease_namespace,
+        run.metrics.clone(),
+    ));
+    let ctx = reconciler_context(
+        config,
+        run.client.clone(),
+        run.metrics.clone(),
+        &run.shutdown,
+        Some(&shard),
+    );
+    let mut own = config.clone();
+    let only_mine = format!("{}={me}", crate::shard::SHARD_LABEL);
+    own.label_selector = Some(match &config.label_selector {
+        Some(s) => format!("{s},{only_mine}"),
+        None => only_mine,
+    });
+    let (loops, own_stores) = start_controllers(
+        apis.clone(),
+        &own,
+        ctx.clone(),
+        &run.server,
+        &run.shutdown,
+        false,
+    );
+    let observed = run.health.clone();
+    let leader = Arc::new(
+        LeaderElector::new(run.client.clone(), &config.leader_election, me.clone())
+            .with_observer(Arc::new(move |answered| observed.observe_lease(answered))),
+    );
+    let group = Arc::new(std::sync::Mutex::new(Vec::new()));
+    tokio::spawn(lead_group(
+        leader.clone(),
+        apis,
+        group.clone(),
+        config.clone(),
+        ctx.clone(),
+        run.server.clone(),
+        run.health.clone(),
+        run.shutdown.clone(),
+    ));
+    tokio::spawn(shard_rounds(shard, own_stores, group, run.shutdown.clone()));
+    info!(shard = %me, "controller running, sharded");
+    let grace = Duration::from_secs(config.shutdown_grace_seconds);
+    Ok(wait_and_drain(loops, &run.shutdown, &run.health, grace, &[&lease, &leader]).await)
+}
+
+/// The shard rounds ([`crate::shard::run::Shard::round`]) until shutdown.
+async fn shard_rounds(
+    shard: Arc<crate::shard::run::Shard>,
+    own: Vec<Store<EtcdCluster>>,
+    group: Arc<std::sync::Mutex<Vec<Store<EtcdCluster>>>>,
+    shutdown: Shutdown,
+) {
+    let rounds = async {
+        loop {
+            tokio::time::sleep(crate::shard::run::ROUND).await;
+            let group: Vec<Store<EtcdCluster>> =
+                group.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let group = (!group.is_empty()).then_some(group.as_slice());
+            if let Err(e) = shard.round(&own, group).await {
+                warn!(error = %e, "shard round failed; trying again");
+            }
+        }
+    };
+    shutdown.race(rounds).await;
+}
+
+/// The group's leader (sharded mode): waits for the leader Lease, then
+/// watches every cluster of the controller's scope for the sharder's
+/// duty (published in `group`) and runs the fleet rollouts over them;
+/// exits when it loses the Lease.
+#[allow(clippy::too_many_arguments)]
+async fn lead_group(
+    leader: Arc<LeaderElector>,
+    apis: Vec<Api<EtcdCluster>>,
+    group: Arc<std::sync::Mutex<Vec<Store<EtcdCluster>>>>,
+    config: ControllerConfig,
+    ctx: Arc<Context>,
+    server: String,
+    health: Arc<Health>,
+    shutdown: Shutdown,
+) {
+    if shutdown.race(leader.acquire()).await.is_none() {
+        return;
+    }
+    health.set_leader(true);
+    hold_or_exit(leader, &health, &shutdown, "leader");
+    let mut watch_config = watcher::Config::default();
+    if let Some(selector) = &config.label_selector {
+        watch_config = watch_config.labels(selector);
+    }
+    let mut stores = Vec::new();
+    for api in apis {
+        let (store, writer) = kube::runtime::reflector::store();
+        let stream = kube::runtime::reflector(writer, watcher(api, watch_config.clone()))
+            .for_each(|_| futures::future::ready(()));
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { shutdown.race(stream).await });
+        stores.push(store);
+    }
+    *group.lock().unwrap_or_else(|e| e.into_inner()) = stores.clone();
+    run_rollouts(stores, config, ctx, server, shutdown).await;
+}
+
+/// Holds a Lease in the background; when it is lost, stops the process
+/// before another replica may take over (see [`lead`]).
+fn hold_or_exit(
+    elector: Arc<LeaderElector>,
+    health: &Arc<Health>,
+    shutdown: &Shutdown,
+    what: &'static str,
+) {
+    let (health, shutdown) = (health.clone(), shutdown.clone());
+    let span = info_span!("lease", lease = %elector.lease_name());
+    tokio::spawn(
+        async move {
+            let why = elector.hold().await;
+            error!(error = %why, role = what, "lost the Lease; stopping the controller");
+            health.set_leader(false);
+            health.set_stopping();
+            shutdown.request();
+            // Never reconcile after another replica may have taken over:
+            // leave before the Lease can expire for the others, whatever
+            // is still in flight.
+            tokio::time::sleep(elector.exit_grace()).await;
+            std::process::exit(1);
+        }
+        .instrument(span),
+    );
 }
 
 /// The management cluster's client and its API server URL. Client
@@ -314,24 +489,7 @@ async fn lead(
             return Err(stopped("while waiting for the leader Lease"));
         }
         health.set_leader(true);
-        tokio::spawn({
-            let elector = elector.clone();
-            let shutdown = shutdown.clone();
-            let health = health.clone();
-            async move {
-                let why = elector.hold().await;
-                error!(error = %why, "lost leadership; stopping the controller");
-                health.set_leader(false);
-                health.set_stopping();
-                shutdown.request();
-                // Never reconcile after another replica may have taken over:
-                // leave within the renew interval, before the lease can
-                // expire for the others, whatever is still in flight.
-                tokio::time::sleep(elector.renew_interval()).await;
-                std::process::exit(1);
-            }
-            .instrument(span)
-        });
+        hold_or_exit(elector.clone(), health, shutdown, "leader");
     }
     Ok(elector)
 }
@@ -342,6 +500,7 @@ fn reconciler_context(
     client: Client,
     metrics: Arc<Metrics>,
     shutdown: &Shutdown,
+    shard: Option<&Arc<crate::shard::run::Shard>>,
 ) -> Arc<Context> {
     let connector = WorkloadClusterConnector::new(
         client.clone(),
@@ -349,17 +508,27 @@ fn reconciler_context(
         ConnectorSettings::default(),
     );
     let owner = config.clone();
-    let ctx = Arc::new(
-        Context::new(
-            client.clone(),
-            connector,
-            config.dialer.build(),
-            ReconcilerSettings::from_config(config),
-            metrics.clone(),
-        )
-        .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c)))
-        .with_shutdown(shutdown.clone()),
-    );
+    let mut ctx = Context::new(
+        client.clone(),
+        connector,
+        config.dialer.build(),
+        ReconcilerSettings::from_config(config),
+        metrics.clone(),
+    )
+    .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c)))
+    .with_shutdown(shutdown.clone());
+    if let Some(shard) = shard {
+        // Ours: in scope and labelled with this shard; the scope alone is
+        // what the rollouts plan over.
+        let (scope, me) = (config.clone(), shard.me.clone());
+        ctx.access.owner_filter = Some(Arc::new(move |c: &EtcdCluster| {
+            scope.owns(c) && c.labels().get(crate::shard::SHARD_LABEL) == Some(&me)
+        }));
+        let scope = config.clone();
+        ctx.access.scope_filter = Some(Arc::new(move |c: &EtcdCluster| scope.owns(c)));
+        ctx.access.shard_gate = Some(shard.gate.clone());
+    }
+    let ctx = Arc::new(ctx);
     tokio::spawn({
         let ctx = ctx.clone();
         async move {
@@ -381,13 +550,16 @@ fn reconciler_context(
 }
 
 /// One EtcdCluster controller per watched scope, and the backup controllers.
+/// Returns the loops and the cluster controllers' caches; `rollouts`: the
+/// rollout controller runs over those caches (unsharded).
 fn start_controllers(
     apis: Vec<Api<EtcdCluster>>,
     config: &ControllerConfig,
     ctx: Arc<Context>,
     server: &str,
     shutdown: &Shutdown,
-) -> tokio::task::JoinSet<()> {
+    rollouts: bool,
+) -> (tokio::task::JoinSet<()>, Vec<Store<EtcdCluster>>) {
     let mut watch_config = watcher::Config::default();
     if let Some(selector) = &config.label_selector {
         watch_config = watch_config.labels(selector);
@@ -416,13 +588,15 @@ fn start_controllers(
             });
         loops.spawn(drain_if_started(run, store, shutdown.wait()));
     }
-    loops.spawn(run_rollouts(
-        stores,
-        config.clone(),
-        ctx.clone(),
-        server.to_string(),
-        shutdown.clone(),
-    ));
+    if rollouts {
+        loops.spawn(run_rollouts(
+            stores.clone(),
+            config.clone(),
+            ctx.clone(),
+            server.to_string(),
+            shutdown.clone(),
+        ));
+    }
     // Backups and schedules share the cluster reconciler's context (clients,
     // dialer, metrics) and end on the same shutdown.
     {
@@ -442,7 +616,7 @@ fn start_controllers(
             crate::backup::run(ctx, &namespaces, drills, stop).await;
         });
     }
-    loops
+    (loops, stores)
 }
 
 /// The fleet rollout controller: every EtcdFleetRollout this controller's
@@ -522,7 +696,7 @@ async fn wait_and_drain(
     shutdown: &Shutdown,
     health: &Health,
     grace: Duration,
-    elector: Option<&LeaderElector>,
+    electors: &[&LeaderElector],
 ) -> ExitCode {
     // The loops end only on shutdown; one ending earlier is a dead controller.
     let mut died = false;
@@ -553,15 +727,14 @@ async fn wait_and_drain(
         );
         loops.abort_all();
     }
-    if let Some(elector) = elector
-        && !died
-    {
-        // Hand over at once rather than after the lease duration.
+    for elector in electors.iter().filter(|_| !died) {
+        // Hand over at once rather than after the lease duration (a
+        // Lease this replica does not hold is left alone).
         if tokio::time::timeout(Duration::from_secs(2), elector.release())
             .await
             .is_err()
         {
-            warn!("could not release the leader Lease in time");
+            warn!(lease = %elector.lease_name(), "could not release the Lease in time");
         }
     }
     info!("stopped");

@@ -427,7 +427,12 @@ fn controller_rbac_is_least_privilege_in_both_modes() {
         grants_of(&lease.1)
             .get(&("coordination.k8s.io".to_string(), "leases".to_string()))
             .cloned(),
-        Some(vec!["create".into(), "get".into(), "update".into()])
+        Some(vec![
+            "create".into(),
+            "get".into(),
+            "list".into(),
+            "update".into()
+        ])
     );
     assert_eq!(grants_of(&lease.1).len(), 1);
 

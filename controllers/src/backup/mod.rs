@@ -46,6 +46,15 @@ pub enum Outcome {
 
 /// Entry point for kube-runtime's `Controller`.
 pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
+    let key = format!(
+        "{}/{}",
+        backup.namespace().unwrap_or_default(),
+        backup.spec.cluster_name
+    );
+    // Sharded: no work on a cluster that is moving to another shard.
+    let Ok(_pass) = ctx.access().enter(&key) else {
+        return Ok(Action::requeue(crate::access::GATE_RETRY));
+    };
     Ok(match reconcile_backup(&backup, &ctx).await? {
         Outcome::Done => Action::await_change(),
         Outcome::Waiting { after, .. } => Action::requeue(after.max(Duration::from_millis(200))),
@@ -72,9 +81,11 @@ pub async fn reconcile_backup(backup: &EtcdBackup, ctx: &Context) -> Result<Outc
         return Ok(Outcome::Done);
     }
     let Some(observed) = observe::observe(backup, &status, ctx).await? else {
+        // Sharded, the cluster may move to this replica's shard any time.
+        let after = if ctx.access().sharded() { 10 } else { 300 };
         return Ok(Outcome::Waiting {
             why: "the cluster is not owned by this controller".into(),
-            after: Duration::from_secs(300),
+            after: Duration::from_secs(after),
         });
     };
     match plan::plan_backup(&observed.observation) {

@@ -227,6 +227,15 @@ struct RunArgs {
     /// How long the holder leads on without a successful renewal [file: leaderElection.renewDeadlineSeconds; default two thirds of the lease duration].
     #[arg(long)]
     lease_renew_deadline_seconds: Option<u64>,
+    /// Share the fleet between the replicas, each reconciling its shard; needs leader election [file: sharding.enabled; default false].
+    #[arg(long)]
+    sharding: Option<bool>,
+    /// This replica's shard name [file: sharding.shardName; default the pod's name].
+    #[arg(long)]
+    shard_name: Option<String>,
+    /// Prefix of the shard Leases, in the leader Lease's namespace [file: sharding.leasePrefix; default etcdfleet-shard-].
+    #[arg(long)]
+    shard_lease_prefix: Option<String>,
     /// Address of the /metrics, /healthz, /readyz and /leader endpoints [file: metricsAddress; default 0.0.0.0:8080].
     #[arg(long)]
     metrics_address: Option<String>,
@@ -585,6 +594,9 @@ async fn run(args: RunArgs) -> ExitCode {
         lease_duration_seconds: args.lease_duration_seconds,
         renew_interval_seconds: args.lease_renew_interval_seconds,
         renew_deadline_seconds: args.lease_renew_deadline_seconds,
+        sharding: args.sharding,
+        shard_name: args.shard_name,
+        shard_lease_prefix: args.shard_lease_prefix,
         metrics_address: args.metrics_address,
         log_format: args.log_format,
         max_concurrent_reconciles: args.max_concurrent_reconciles,

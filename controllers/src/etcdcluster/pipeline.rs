@@ -41,6 +41,15 @@ use crate::metrics::PlanLabel;
 
 /// Entry point for kube-runtime's `Controller`.
 pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action> {
+    let key = format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    // Sharded: no work on a cluster that is moving to another shard.
+    let Ok(_pass) = ctx.access.enter(&key) else {
+        return Ok(Action::requeue(crate::access::GATE_RETRY));
+    };
     let started = std::time::Instant::now();
     let outcome = reconcile_cluster(&cluster, &ctx).await;
     ctx.metrics

@@ -88,7 +88,8 @@ pub fn selected(rollout: &EtcdFleetRollout, cluster: &EtcdCluster) -> bool {
 /// (the reflectors' stores), cloned as `Arc`s.
 pub type ClusterCache = Arc<dyn Fn() -> Vec<Arc<EtcdCluster>> + Send + Sync>;
 
-/// The selected clusters this controller owns, as the cache shows them,
+/// The selected clusters of this controller's scope (sharded: whichever
+/// replica reconciles them), as the cache shows them,
 /// with the generations of a rebase's template.
 pub async fn observe(
     rollout: &EtcdFleetRollout,
@@ -97,7 +98,7 @@ pub async fn observe(
 ) -> Result<(Vec<Arc<EtcdCluster>>, Vec<ClusterView>), kube::Error> {
     let clusters: Vec<Arc<EtcdCluster>> = cache()
         .into_iter()
-        .filter(|c| access.owns(c) && selected(rollout, c))
+        .filter(|c| access.in_scope(c) && selected(rollout, c))
         .collect();
     let generations = match &rollout.spec.template_ref {
         Some(target) => template_generations(&access.management, target, &clusters).await?,
