@@ -3,14 +3,18 @@
 SHELL := /bin/bash
 export ETCDFLEET_REQUIRE_ETCD ?= 1
 
-.PHONY: test tools rust-tools structure image previous-release lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest pins
+.PHONY: test prerequisites test-build tools rust-tools structure image previous-release lint crds demo bench bench-fleet bench-backup fresh-machine-check test-portforward test-kubernetes-oldest pins
 
 tools:
 	./hack/install-tools.sh
 
-# cargo-nextest (the test runner) is installed with `cargo install` when missing.
+# cargo-nextest (the test runner) is installed with `cargo install` when
+# missing, optimized less than a release build (opt-level 1, many codegen
+# units) so that a fresh machine builds it sooner; a test runner needs no more.
 rust-tools:
-	@command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
+	@command -v cargo-nextest >/dev/null 2>&1 || \
+	  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
+	  cargo install --locked cargo-nextest
 
 # The controller image: a static etcdfleet binary alone in an OCI image
 # layout (FROM scratch, written by umoci), tagged v<workspace version>, in
@@ -20,8 +24,18 @@ image: tools
 
 # The previous release's binary (CHANGELOG.md), built from its commit in a
 # worktree and cached by commit, for the upgrade test.
-previous-release:
+previous-release: tools
 	./hack/build-release.sh previous
+
+# The test binaries, as `cargo nextest run` builds them (it then finds them
+# built).
+test-build: tools
+	cargo test --workspace --all-targets --no-run --quiet
+
+# Everything the suite needs, two recipes at a time (a fresh machine spends
+# much of the tool install waiting on downloads, and a build's last crates
+# use one core), each recipe's output printed when it ends.
+prerequisites: tools rust-tools image previous-release test-build
 
 # nextest runs every test (unit, integration, end to end, the real
 # control-plane tier) each in its own process, so a test's etcd and
@@ -29,7 +43,8 @@ previous-release:
 # The image and the previous release are built first: the image test, the
 # seeder of every restore and the upgrade test use them.
 # On failure hack/disk-hint.sh says so when the disk is (nearly) full.
-test: structure tools rust-tools image previous-release
+test: structure
+	$(MAKE) --no-print-directory -j2 --output-sync=target prerequisites
 	cargo nextest run --workspace --all-targets --no-fail-fast || { status=$$?; ./hack/disk-hint.sh; exit $$status; }
 
 # The lifecycle and version suites with the controller reaching etcd only
