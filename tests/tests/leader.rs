@@ -26,6 +26,11 @@ fn config() -> LeaderElectionConfig {
 /// (the leader-election Role grants get/create/update of Leases in
 /// etcdfleet-system only).
 async fn client() -> Client {
+    server().await.client_as(CONTROLLER_USER)
+}
+
+/// The management API server itself, with the controller's namespace.
+async fn server() -> ApiServer {
     let server = ApiServer::management().await.unwrap();
     let ns: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "etcdfleet-system"}}))
@@ -34,7 +39,7 @@ async fn client() -> Client {
         .create(&Default::default(), &ns)
         .await
         .unwrap();
-    server.client_as(CONTROLLER_USER)
+    server
 }
 
 async fn holder(client: &Client) -> Option<String> {
@@ -140,14 +145,7 @@ async fn stale_writes_conflict() {
 /// it is gone (`exit_grace` later) before others may see the Lease expire.
 #[tokio::test]
 async fn a_holder_gives_up_at_its_renew_deadline_even_when_the_last_attempt_hangs() {
-    let server = ApiServer::management().await.unwrap();
-    let ns: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "etcdfleet-system"}}))
-            .unwrap();
-    Api::all(server.admin_client())
-        .create(&Default::default(), &ns)
-        .await
-        .unwrap();
+    let server = server().await;
     let a = LeaderElector::new(server.client_as(CONTROLLER_USER), &config(), "a".into());
     a.acquire().await;
     let acquired = std::time::Instant::now();
