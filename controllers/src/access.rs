@@ -27,6 +27,7 @@ use crate::etcd::{
 use crate::metrics::Metrics;
 use crate::pki::{CertificateAuthority, PkiError};
 use crate::render::{self, Names};
+use crate::shard::assign::cluster_key;
 use crate::shard::gate::{Gate, Pass};
 
 /// Work on a cluster may not start: it is moving to another shard.
@@ -116,13 +117,16 @@ impl Access {
         }
     }
 
-    /// Work on the cluster `namespace/name` may start: a pass to hold until
+    /// Work on cluster `cluster` of `namespace` may start: a pass to hold until
     /// it ends (none unsharded), or `Err` while the cluster is moving to
     /// another shard.
-    pub fn enter(&self, cluster_key: &str) -> Result<Option<Pass>, GateClosed> {
+    pub fn enter(&self, namespace: &str, cluster: &str) -> Result<Option<Pass>, GateClosed> {
         match &self.shard_gate {
             None => Ok(None),
-            Some(gate) => gate.enter(cluster_key).map(Some).ok_or(GateClosed),
+            Some(gate) => gate
+                .enter(&cluster_key(namespace, cluster))
+                .map(Some)
+                .ok_or(GateClosed),
         }
     }
 

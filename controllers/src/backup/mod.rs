@@ -46,13 +46,9 @@ pub enum Outcome {
 
 /// Entry point for kube-runtime's `Controller`.
 pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
-    let key = format!(
-        "{}/{}",
-        backup.namespace().unwrap_or_default(),
-        backup.spec.cluster_name
-    );
     // Sharded: no work on a cluster that is moving to another shard.
-    let Ok(_pass) = ctx.access().enter(&key) else {
+    let namespace = backup.namespace().unwrap_or_default();
+    let Ok(_pass) = ctx.access().enter(&namespace, &backup.spec.cluster_name) else {
         return Ok(Action::requeue(crate::access::GATE_RETRY));
     };
     Ok(match reconcile_backup(&backup, &ctx).await? {

@@ -77,13 +77,9 @@ pub enum ScheduleOutcome {
 
 /// Entry point for kube-runtime's `Controller`.
 pub async fn reconcile(schedule: Arc<EtcdBackupSchedule>, ctx: Arc<Context>) -> Result<Action> {
-    let key = format!(
-        "{}/{}",
-        schedule.namespace().unwrap_or_default(),
-        schedule.spec.cluster_name
-    );
     // Sharded: no work on a cluster that is moving to another shard.
-    let Ok(_pass) = ctx.access().enter(&key) else {
+    let namespace = schedule.namespace().unwrap_or_default();
+    let Ok(_pass) = ctx.access().enter(&namespace, &schedule.spec.cluster_name) else {
         return Ok(Action::requeue(crate::access::GATE_RETRY));
     };
     let now = ctx.now();

@@ -41,13 +41,9 @@ use crate::metrics::PlanLabel;
 
 /// Entry point for kube-runtime's `Controller`.
 pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action> {
-    let key = format!(
-        "{}/{}",
-        cluster.namespace().unwrap_or_default(),
-        cluster.name_any()
-    );
     // Sharded: no work on a cluster that is moving to another shard.
-    let Ok(_pass) = ctx.access.enter(&key) else {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let Ok(_pass) = ctx.access.enter(&namespace, &cluster.name_any()) else {
         return Ok(Action::requeue(crate::access::GATE_RETRY));
     };
     let started = std::time::Instant::now();
