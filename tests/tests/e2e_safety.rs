@@ -13,7 +13,9 @@ use etcdfleet_controllers::etcd::{ClusterClient, MemberClient};
 use etcdfleet_controllers::etcdcluster::plan::{RemovalCause, Step};
 use etcdfleet_controllers::etcdcluster::{self, Outcome};
 use etcdfleet_tests::driver::{TestController, fast_settings};
-use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
+use etcdfleet_tests::etcd_harness::{
+    AckedWriter, EtcdVersion, fill_with_live_data, require_etcd, verify_acknowledged,
+};
 use etcdfleet_tests::fleet::{ApiOp, Fleet, MANAGEMENT};
 use etcdfleet_tests::scenario::{
     NS, WORKLOAD_NS, cluster, converge_all, create, etcd_of, get, patch_spec, put, read_everywhere,
@@ -785,41 +787,6 @@ async fn a_paused_cluster_writes_nothing_but_its_status() -> Result<()> {
     Ok(())
 }
 
-/// Fills cluster `a`'s one-member etcd with distinct keys until NOSPACE
-/// holds with live data above 90 % of the quota (what the recovery cannot
-/// cure). How much etcd admits before NOSPACE depends on how the puts fell
-/// into backend commits (the file holds free pages too), so after each alarm
-/// the test compacts and defragments itself, and disarms to fill on only
-/// while defragmentation freed enough. Returns the bytes in use at the end.
-async fn fill_with_live_data(fleet: &Fleet, quota: i64) -> Result<i64> {
-    let (endpoints, config) = etcd_of(fleet, "a", "etcd-a", 1).await?;
-    let cluster = ClusterClient::connect(&endpoints, &config).await?;
-    let member = cluster.member(&endpoints[0]).await?;
-    let mut kv = cluster.kv();
-    let value = vec![b'x'; 64 * 1024];
-    let mut i = 0;
-    for _round in 0..10 {
-        loop {
-            match kv.put(format!("live/{i}"), value.clone(), None).await {
-                Ok(_) => i += 1,
-                Err(e) if e.to_string().contains("space exceeded") => break,
-                Err(e) => return Err(e.into()),
-            }
-            ensure!(i < 1000, "etcd never raised NOSPACE");
-        }
-        cluster.compact_to_current().await?;
-        member.defragment().await?;
-        let in_use = member.status().await?.db_size_in_use;
-        if in_use * 10 > quota * 9 {
-            return Ok(in_use);
-        }
-        for alarm in cluster.alarms().await? {
-            cluster.disarm_alarm(alarm).await?;
-        }
-    }
-    bail!("live data stayed under 90 % of the quota after 10 rounds of NOSPACE")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nospace_from_live_data_backs_off_instead_of_defragmenting_every_five_seconds() -> Result<()>
 {
@@ -834,8 +801,9 @@ async fn nospace_from_live_data_backs_off_instead_of_defragmenting_every_five_se
     create(&fleet, &small).await?;
     converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
     // Distinct keys: the space is live data, which compaction cannot free.
-    let in_use = fill_with_live_data(&fleet, quota).await?;
-    assert!(in_use * 10 > quota * 9, "live data {in_use} of {quota}");
+    let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 1).await?;
+    let fill = fill_with_live_data(&endpoints, &config, quota, 64 * 1024).await?;
+    assert!(fill.in_use * 10 > quota * 9, "{fill:?} of {quota}");
     fleet.sync_all().await?;
     let outcomes = reconcile_for(&ctl, "etcd-a", Duration::from_secs(8)).await;
     let attempts = outcomes

@@ -16,7 +16,9 @@ use etcdfleet_api::{EtcdTuning, StorageSpec};
 use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_tests::driver::{ConvergeLog, TestController, converge, no_hook};
-use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
+use etcdfleet_tests::etcd_harness::{
+    AckedWriter, EtcdVersion, fill_with_live_data, require_etcd, verify_acknowledged,
+};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::runtime::ResizeMode;
 use etcdfleet_tests::scenario::{
@@ -377,20 +379,9 @@ async fn resize_cures_a_nospace_alarm_when_the_quota_follows_the_size() -> Resul
     // 8Mi volumes, a 4 MiB quota.
     let mut ctl = create_sized(&fleet, "expandable", "8Mi").await?;
     let (endpoints, config) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
-    let mut kv = etcdfleet_controllers::etcd::ClusterClient::connect(&endpoints, &config)
-        .await?
-        .kv();
     // Distinct keys: live data, which compaction cannot give back.
-    let value = vec![b'x'; 128 * 1024];
-    let mut written = 0;
-    loop {
-        match kv.put(format!("live/{written}"), value.clone(), None).await {
-            Ok(_) => written += 1,
-            Err(e) if e.to_string().contains("space exceeded") => break,
-            Err(e) => return Err(e.into()),
-        }
-        ensure!(written < 100, "etcd never raised NOSPACE");
-    }
+    let fill = fill_with_live_data(&endpoints, &config, 4 << 20, 128 * 1024).await?;
+    let written = fill.written;
 
     // Compaction and defragmentation cannot cure it; the error says how.
     // (The recovery waits while a member's health check is slow to answer.)
@@ -450,8 +441,7 @@ async fn resize_cures_a_nospace_alarm_when_the_quota_follows_the_size() -> Resul
             ),
         )
         .await?;
-    // The put answered NOSPACE may be stored too (etcd's quota applier
-    // applies a put, then reports ErrNoSpace: `quotaApplierV3.Put`).
+    // The put answered NOSPACE may be stored too (`LiveFill::written`).
     assert!(
         all.count() == written || all.count() == written + 1,
         "every key written before NOSPACE is kept: {} of {written} (+1 refused)",

@@ -27,7 +27,7 @@ use etcdfleet_tests::control_plane::scenario::{
 use etcdfleet_tests::csi::deploy::{CSI_CLASS, CsiTools};
 use etcdfleet_tests::driver::{ConvergeLog, TestController, converge, no_hook};
 use etcdfleet_tests::etcd_harness::{
-    EtcdVersion, FollowingWriter, require_etcd, verify_acknowledged,
+    EtcdVersion, FollowingWriter, fill_with_live_data, require_etcd, verify_acknowledged,
 };
 use etcdfleet_tests::scenario::WORKLOAD_NS;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -415,23 +415,6 @@ fn real_node_resize_grows_every_volume_online_through_the_csi_resizer_and_the_qu
     });
 }
 
-/// Writes distinct keys (live data, which compaction cannot give back)
-/// until etcd refuses with NOSPACE; returns how many were written.
-async fn fill_to_nospace(world: &KubeWorld) -> Result<i64> {
-    let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
-    let mut kv = ClusterClient::connect(&endpoints, &config).await?.kv();
-    let value = vec![b'x'; 128 * 1024];
-    let mut written = 0;
-    loop {
-        match kv.put(format!("live/{written}"), value.clone(), None).await {
-            Ok(_) => written += 1,
-            Err(e) if e.to_string().contains("space exceeded") => return Ok(written),
-            Err(e) => return Err(e.into()),
-        }
-        ensure!(written < 100, "etcd never raised NOSPACE");
-    }
-}
-
 /// Reconciles until the NOSPACE recovery fails (it waits while a member's
 /// health check is slow to answer); returns its error.
 async fn nospace_error(ctl: &mut TestController) -> Result<String> {
@@ -453,7 +436,10 @@ fn real_node_resize_cures_a_nospace_alarm_that_compaction_cannot() {
     in_csi_world(async |world| {
         // 8Mi claims, a 4 MiB quota.
         let mut ctl = sized_shop(world, "8Mi").await?;
-        let written = fill_to_nospace(world).await?;
+        let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
+        // Distinct keys: live data, which compaction cannot give back.
+        let fill = fill_with_live_data(&endpoints, &config, 4 << 20, 128 * 1024).await?;
+        let written = fill.written;
         let err = nospace_error(&mut ctl).await?;
         ensure!(
             err.contains("NOSPACE persists") && err.contains("grow spec.storage.size"),

@@ -11,10 +11,12 @@
 //!
 //! Rooms: [`binaries`] (which releases, where), [`process`] (one process),
 //! [`cluster`] (a local cluster of them), [`writer`] (the acknowledged-write
-//! checkers). Every public name is re-exported here.
+//! checkers), [`nospace`] (live data that keeps a cluster at NOSPACE).
+//! Every public name is re-exported here.
 
 pub mod binaries;
 pub mod cluster;
+pub mod nospace;
 pub mod process;
 pub mod writer;
 
@@ -26,5 +28,6 @@ pub use cluster::{
     ClusterOptions, ClusterTls, FAST_ETCD_FLAGS, LocalEtcdCluster, LocalMember, SeedTarget,
     http_get,
 };
+pub use nospace::{LiveFill, fill_with_live_data};
 pub use process::{EtcdProcess, ProcessSpec, free_ports, random_u64};
 pub use writer::{AckedWriter, FollowingWriter, WriteReport, lost_writes, verify_acknowledged};
