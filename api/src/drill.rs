@@ -562,4 +562,33 @@ mod tests {
             "{message}"
         );
     }
+
+    #[test]
+    fn a_drill_waits_while_the_cluster_is_not_available_or_a_change_is_under_way() {
+        use crate::conditions::{AVAILABLE, PROGRESSING, condition};
+        let now = Time(at(0));
+        let c = |t: &str, s: bool, reason: &str| condition(t, s, reason, "", None, now.clone());
+        let settled = [
+            c(AVAILABLE, true, "QuorumHealthy"),
+            c(PROGRESSING, false, "Converged"),
+        ];
+        assert_eq!(unsettled("a", &settled), None);
+        // A version change, a volume change, a roll: the step in flight.
+        for step in ["UpgradeMember", "ExpandVolume", "RestartMember", "Waiting"] {
+            let changing = [
+                c(AVAILABLE, true, "QuorumHealthy"),
+                c(PROGRESSING, true, step),
+            ];
+            let why = unsettled("a", &changing).expect("a change under way waits");
+            assert!(why.contains("EtcdCluster a is Progressing"), "{why}");
+        }
+        // A lost quorum (a recovery follows), or no status yet.
+        let lost = [
+            c(AVAILABLE, false, "QuorumLost"),
+            c(PROGRESSING, false, "NeedsAttention"),
+        ];
+        let why = unsettled("a", &lost).expect("an unavailable cluster waits");
+        assert!(why.contains("EtcdCluster a is not Available"), "{why}");
+        assert!(unsettled("a", &[]).is_some());
+    }
 }

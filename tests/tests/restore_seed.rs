@@ -2,8 +2,9 @@
 //! member) against real etcd 3.4 and 3.5: it restores a snapshot from an
 //! object store into a member's data directory, etcd starts on it with every
 //! key, a restarted seeder leaves its own work alone, and a data directory
-//! holding other data (a PVC kept from a deleted cluster) or a corrupt
-//! object is refused without touching anything.
+//! holding other data (a PVC kept from a deleted cluster) or a corrupt or
+//! truncated object is refused without touching anything, with the exit
+//! code a restore drill reads as the backup's failure.
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +12,9 @@ use anyhow::{Context as _, Result, bail, ensure};
 use etcdfleet_api::ObjectStoreDestination;
 use etcdfleet_api::restore::reason;
 use etcdfleet_controllers::etcd::ClusterClient;
-use etcdfleet_controllers::restore::seed::{SeedError, SeedOutcome, SeedRequest, seed};
+use etcdfleet_controllers::restore::seed::{
+    OBJECT_CHANGED_EXIT, SeedError, SeedOutcome, SeedRequest, seed,
+};
 use etcdfleet_controllers::store::Store;
 use etcdfleet_tests::etcd_harness::{
     ClusterOptions, EtcdBinary, EtcdVersion, LocalEtcdCluster, SeedTarget, require_etcd,
@@ -199,7 +202,27 @@ async fn a_kept_volume_with_another_clusters_data_is_refused() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_corrupt_snapshot_is_not_restored() -> Result<()> {
+async fn a_corrupt_snapshot_is_not_restored_and_its_drill_fails_the_backup() -> Result<()> {
+    changed_object_is_refused(reason::CHECKSUM_MISMATCH, |bytes| {
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x01;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_snapshot_is_not_restored_and_its_drill_fails_the_backup() -> Result<()> {
+    changed_object_is_refused(reason::SIZE_MISMATCH, |bytes| {
+        bytes.truncate(bytes.len() / 2)
+    })
+    .await
+}
+
+/// The stored object changed after its backup succeeded (`change`): the
+/// seeder refuses it with `expected`, writes nothing, and exits with
+/// `OBJECT_CHANGED_EXIT`, which a restore drill records as the backup's
+/// failure (`ObjectChanged`), not as a drill that could not run.
+async fn changed_object_is_refused(expected: &str, change: fn(&mut Vec<u8>)) -> Result<()> {
     let Some(binary) = require_etcd(EtcdVersion::V3_5) else {
         return Ok(());
     };
@@ -207,8 +230,7 @@ async fn a_corrupt_snapshot_is_not_restored() -> Result<()> {
     let (destination, key, size, sha) = stored_snapshot(&binary, store_dir.path()).await?;
     let file = store_dir.path().join(&key);
     let mut bytes = std::fs::read(&file)?;
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x01;
+    change(&mut bytes);
     std::fs::write(&file, &bytes)?;
     let target = tempfile::tempdir()?;
     let t = SeedTarget {
@@ -218,13 +240,16 @@ async fn a_corrupt_snapshot_is_not_restored() -> Result<()> {
         peer_url: "http://127.0.0.1:1".into(),
         token: "t".into(),
     };
-    match seed(&request(&binary, &destination, &key, size, &sha, &t)).await {
+    let refused = seed(&request(&binary, &destination, &key, size, &sha, &t)).await;
+    match &refused {
         Err(SeedError::Snapshot { reason: r, message }) => {
-            ensure!(r == reason::CHECKSUM_MISMATCH, "{r}: {message}");
+            ensure!(*r == expected, "{r}: {message}");
             ensure!(message.contains(&key), "{message}");
         }
-        other => bail!("expected a checksum refusal, got {other:?}"),
+        other => bail!("expected {expected}, got {other:?}"),
     }
+    let code = refused.err().context("refused")?.exit_code();
+    ensure!(code == OBJECT_CHANGED_EXIT, "exit code {code}");
     ensure!(list(target.path()).is_empty(), "{:?}", list(target.path()));
     Ok(())
 }

@@ -59,3 +59,26 @@ impl DrillSlots {
         self.running.lock().expect("drill slots").remove(key);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_max_drills_run_at_once_and_a_cluster_keeps_its_own_slot() {
+        let slots = DrillSlots::default();
+        assert_eq!(slots.start("ns/a", 2), Ok(()));
+        assert_eq!(slots.start("ns/b", 2), Ok(()));
+        assert_eq!(slots.start("ns/c", 2), Err(2));
+        // A cluster already drilling is not a new drill.
+        assert_eq!(slots.start("ns/a", 2), Ok(()));
+        slots.end("ns/a");
+        assert_eq!(slots.start("ns/c", 2), Ok(()));
+        // A drill found running after a restart counts, whatever the bound.
+        slots.holds("ns/d");
+        assert_eq!(slots.start("ns/a", 2), Err(3));
+        slots.end("ns/b");
+        slots.end("ns/c");
+        assert_eq!(slots.start("ns/a", 2), Ok(()));
+    }
+}
