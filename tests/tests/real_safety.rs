@@ -32,7 +32,9 @@ async fn real_safety_same_name_in_two_namespaces_never_overwrites_or_deletes_the
     put(&world, "w1", "etcd", 1, "team-a-data").await?;
     let sts: Api<StatefulSet> =
         Api::namespaced(world.workload("w1").admin_client().await?, WORKLOAD_NS);
-    let before = sts.get("etcd-etcd").await?;
+    // The controller-manager writes the StatefulSet's status as its pod
+    // turns Ready: compared once it has nothing left to report.
+    let before = settled(&sts, "etcd-etcd").await?;
 
     world.apply(
         &cluster_yaml("etcd", "w1", 1, "3.5.1")
@@ -93,6 +95,30 @@ async fn real_safety_same_name_in_two_namespaces_never_overwrites_or_deletes_the
     assert_eq!(ctl.reconcile(NS, "etcd").await?, Outcome::Converged);
     read_everywhere(&world, "w1", "etcd", 1, "team-a-data").await?;
     Ok(())
+}
+
+/// The StatefulSet once the controller-manager reports every replica
+/// ready and available on the current revision of its current generation.
+async fn settled(sts: &Api<StatefulSet>, name: &str) -> Result<StatefulSet> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let found = sts.get(name).await?;
+        let replicas = found.spec.replicas;
+        if let Some(st) = found.status.as_ref()
+            && st.observed_generation == found.metadata.generation
+            && Some(st.replicas) == replicas
+            && st.ready_replicas == replicas
+            && st.available_replicas == replicas
+            && st.current_revision.is_some()
+            && st.current_revision == st.update_revision
+        {
+            return Ok(found);
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("StatefulSet {name} never settled: {:?}", found.status);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
