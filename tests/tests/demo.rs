@@ -6,7 +6,7 @@ use anyhow::{Context as _, Result};
 use etcdfleet_tests::demo::{
     DemoOptions, UPGRADE_FROM, UPGRADE_TO, WORKLOADS, check_mount_namespaces, run_demo,
 };
-use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
+use etcdfleet_tests::etcd_harness::{EtcdVersion, require_both};
 
 /// The cell of `row` under the column titled `title` in `header`.
 fn cell<'a>(header: &str, row: &'a str, title: &str) -> &'a str {
@@ -21,10 +21,7 @@ fn cell<'a>(header: &str, row: &'a str, title: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_demo_completes_every_phase_and_heals_the_broken_member() -> Result<()> {
-    let (Some(v35), Some(v36)) = (
-        require_etcd(EtcdVersion::V3_5Latest),
-        require_etcd(EtcdVersion::V3_6),
-    ) else {
+    let Some((v35, v36)) = require_both(EtcdVersion::V3_5Latest, EtcdVersion::V3_6) else {
         return Ok(());
     };
     assert_eq!(

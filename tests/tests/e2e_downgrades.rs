@@ -16,7 +16,7 @@ use etcdfleet_api::conditions::{self, CONFLICT, VERSION_ACCEPTED};
 use etcdfleet_api::version::DOWNGRADE_ANNOTATION;
 use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step, VersionStep};
-use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
+use etcdfleet_tests::etcd_harness::{EtcdVersion, require_both};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::scenario::{
     NS, WORKLOAD_NS, cluster, converge_all, get, patch_spec, put, read_everywhere, running,
@@ -34,7 +34,7 @@ fn position(steps: &[&Step], what: impl Fn(&Step) -> bool) -> Option<usize> {
 
 /// A 3-member cluster on `from`, downgraded to `to` under a writer.
 async fn downgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
-    let (Some(new), Some(old)) = (require_etcd(from), require_etcd(to)) else {
+    let Some((new, old)) = require_both(from, to) else {
         return Ok(());
     };
     let (fleet, mut ctl) = running(&["a"], &[cluster("down", "a", 3, &new.release)]).await?;
@@ -118,10 +118,7 @@ async fn pod_uids(fleet: &Fleet) -> Result<BTreeMap<String, Option<String>>> {
 /// asked of etcd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_downgrade_without_the_acknowledgement_is_refused_with_nothing_touched() -> Result<()> {
-    let (Some(v36), Some(v35)) = (
-        require_etcd(EtcdVersion::V3_6),
-        require_etcd(EtcdVersion::V3_5Latest),
-    ) else {
+    let Some((v36, v35)) = require_both(EtcdVersion::V3_6, EtcdVersion::V3_5Latest) else {
         return Ok(());
     };
     let (fleet, ctl) = running(&["a"], &[cluster("keep", "a", 3, &v36.release)]).await?;
@@ -170,10 +167,7 @@ async fn a_downgrade_without_the_acknowledgement_is_refused_with_nothing_touched
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancelling_a_downgrade_before_the_first_member_is_replaced_leaves_the_cluster_as_it_was()
 -> Result<()> {
-    let (Some(v36), Some(v35)) = (
-        require_etcd(EtcdVersion::V3_6),
-        require_etcd(EtcdVersion::V3_5Latest),
-    ) else {
+    let Some((v36, v35)) = require_both(EtcdVersion::V3_6, EtcdVersion::V3_5Latest) else {
         return Ok(());
     };
     let (fleet, mut ctl) = running(&["a"], &[cluster("undo", "a", 3, &v36.release)]).await?;

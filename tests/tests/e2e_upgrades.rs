@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::conditions::{self, VERSION_ACCEPTED, VERSION_SUPPORTED};
 use etcdfleet_controllers::etcdcluster::Outcome;
 use etcdfleet_controllers::etcdcluster::plan::{ObjectKind, Step, VersionStep};
-use etcdfleet_tests::etcd_harness::{EtcdBinary, EtcdVersion, require_etcd};
+use etcdfleet_tests::etcd_harness::{EtcdVersion, require_both, require_etcd};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::scenario::{
     NS, cluster, converge_all, get, patch_spec, put, read_everywhere, running,
@@ -23,10 +23,6 @@ use etcdfleet_tests::versions::{
     assert_runs, initial_corruption_check_passed, pods_run_their_releases_flags,
     roll_under_a_writer,
 };
-
-fn both(from: EtcdVersion, to: EtcdVersion) -> Option<(EtcdBinary, EtcdBinary)> {
-    Some((require_etcd(from)?, require_etcd(to)?))
-}
 
 fn condition(c: &etcdfleet_api::EtcdCluster, type_: &str) -> (String, String, String) {
     let cond = conditions::find(&c.status.as_ref().unwrap().conditions, type_)
@@ -38,7 +34,7 @@ fn condition(c: &etcdfleet_api::EtcdCluster, type_: &str) -> (String, String, St
 /// Creates a 3-member cluster at `from`, rolls it to `to` under a writer
 /// and checks the outcome every path shares.
 async fn upgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
-    let Some((old, new)) = both(from, to) else {
+    let Some((old, new)) = require_both(from, to) else {
         return Ok(());
     };
     let (fleet, mut ctl) = running(&["a"], &[cluster("up", "a", 3, &old.release)]).await?;
@@ -211,7 +207,7 @@ async fn etcd_3_4_runs_with_an_end_of_support_warning_naming_the_path() -> Resul
 /// the object is a snapshot etcd's own tool reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_minor_upgrade_snapshots_to_the_backup_destination_first_and_records_it() -> Result<()> {
-    let Some((old, new)) = both(EtcdVersion::V3_5Latest, EtcdVersion::V3_6) else {
+    let Some((old, new)) = require_both(EtcdVersion::V3_5Latest, EtcdVersion::V3_6) else {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;
@@ -288,7 +284,7 @@ async fn a_minor_upgrade_snapshots_to_the_backup_destination_first_and_records_i
 /// fixed, the snapshot is taken and the upgrade goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_snapshot_refuses_the_upgrade_with_nothing_touched() -> Result<()> {
-    let Some((old, new)) = both(EtcdVersion::V3_5Latest, EtcdVersion::V3_6) else {
+    let Some((old, new)) = require_both(EtcdVersion::V3_5Latest, EtcdVersion::V3_6) else {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;

@@ -18,7 +18,7 @@ use etcdfleet_controllers::etcdcluster::plan::plan_next_step;
 use etcdfleet_controllers::etcdcluster::plan::step::{Plan, RemovalCause, Step};
 use etcdfleet_controllers::etcdcluster::resolve::resolve_cluster;
 use etcdfleet_tests::driver::{TestController, fast_settings};
-use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
+use etcdfleet_tests::etcd_harness::{EtcdVersion, require_both};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::scenario::{NS, WORKLOAD_NS, cluster, get, patch_spec, running};
 
@@ -92,10 +92,7 @@ async fn reconcile_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plan_and_the_controller_name_the_same_next_step_on_the_same_cluster_states() -> Result<()>
 {
-    let (Some(old), Some(new)) = (
-        require_etcd(EtcdVersion::V3_5Old),
-        require_etcd(EtcdVersion::V3_5Latest),
-    ) else {
+    let Some((old, new)) = require_both(EtcdVersion::V3_5Old, EtcdVersion::V3_5Latest) else {
         return Ok(());
     };
     let (fleet, ctl) = running(&["a"], &[cluster("etcd", "a", 3, &old.release)]).await?;

@@ -23,7 +23,7 @@ use etcdfleet_tests::control_plane::scenario::{
 };
 use etcdfleet_tests::driver::{TestController, converge};
 use etcdfleet_tests::etcd_harness::{
-    EtcdVersion, FollowingWriter, require_etcd, verify_acknowledged,
+    EtcdVersion, FollowingWriter, require_both, require_etcd, verify_acknowledged,
 };
 use etcdfleet_tests::scenario::WORKLOAD_NS;
 use k8s_openapi::api::core::v1::Pod;
@@ -202,10 +202,7 @@ async fn replace_the_member_of_a_stopped_node(
 #[test]
 fn real_node_rolling_upgrade_under_a_writer_loses_no_acknowledged_write() {
     in_real_world(async |world| {
-        let (Some(old), Some(new)) = (
-            require_etcd(EtcdVersion::V3_5Latest),
-            require_etcd(EtcdVersion::V3_6),
-        ) else {
+        let Some((old, new)) = require_both(EtcdVersion::V3_5Latest, EtcdVersion::V3_6) else {
             bail!("etcd 3.5 and 3.6 (hack/upstream) are needed");
         };
         let mut ctl = world.controller().await?;

@@ -17,7 +17,7 @@ use etcdfleet_tests::control_plane::scenario::{
     read_everywhere, wait_available,
 };
 use etcdfleet_tests::driver::converge;
-use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
+use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_both, verify_acknowledged};
 use etcdfleet_tests::scenario::WORKLOAD_NS;
 use etcdfleet_tests::versions::{check_flags, release_of_image};
 use k8s_openapi::api::core::v1::Pod;
@@ -27,7 +27,7 @@ use serde_json::json;
 /// A 3-member cluster on `from`, rolled to `to` by editing `spec.version`
 /// with kubectl, under a writer, with a new controller after every step.
 async fn real_upgrade(from: EtcdVersion, to: EtcdVersion) -> Result<()> {
-    let (Some(old), Some(new)) = (require_etcd(from), require_etcd(to)) else {
+    let Some((old, new)) = require_both(from, to) else {
         return Ok(());
     };
     let Some(world) = installed_world(&["w1"]).await? else {

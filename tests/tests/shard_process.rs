@@ -21,7 +21,7 @@ use etcdfleet_controllers::shard::assign::{cluster_key, owner};
 use etcdfleet_controllers::shard::run::FIELD_MANAGER;
 use etcdfleet_tests::apiserver::CONTROLLER_USER;
 use etcdfleet_tests::controller_process::ControllerProcess;
-use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
+use etcdfleet_tests::etcd_harness::{EtcdVersion, require_both, require_etcd};
 use etcdfleet_tests::fleet::{ApiOp, Fleet, MANAGEMENT};
 use etcdfleet_tests::runtime::BackgroundSync;
 use etcdfleet_tests::scenario::{NS, WORKLOAD_NS, cluster, create};
@@ -387,10 +387,7 @@ async fn generations(fleet: &Fleet) -> Result<BTreeMap<String, i64>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shard_replicas_carry_a_fleet_rollout_through_the_loss_of_the_leader_between_waves()
 -> Result<()> {
-    let (Some(from), Some(to)) = (
-        require_etcd(EtcdVersion::V3_5),
-        require_etcd(EtcdVersion::V3_5Old),
-    ) else {
+    let Some((from, to)) = require_both(EtcdVersion::V3_5, EtcdVersion::V3_5Old) else {
         return Ok(());
     };
     let Sharded {

@@ -257,3 +257,9 @@ pub fn require_etcd(version: EtcdVersion) -> Option<EtcdBinary> {
     eprintln!("SKIPPED: {message}");
     None
 }
+
+/// The binaries of two versions, as [`require_etcd`] gives each (a test
+/// of a version change needs both).
+pub fn require_both(a: EtcdVersion, b: EtcdVersion) -> Option<(EtcdBinary, EtcdBinary)> {
+    Some((require_etcd(a)?, require_etcd(b)?))
+}

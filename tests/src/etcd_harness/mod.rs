@@ -21,8 +21,8 @@ pub mod process;
 pub mod writer;
 
 pub use binaries::{
-    BuiltEtcd, EtcdBinary, EtcdVersion, built_etcds, newest_built_etcd, pinned_etcd, require_etcd,
-    workspace_root,
+    BuiltEtcd, EtcdBinary, EtcdVersion, built_etcds, newest_built_etcd, pinned_etcd, require_both,
+    require_etcd, workspace_root,
 };
 pub use cluster::{
     ClusterOptions, ClusterTls, FAST_ETCD_FLAGS, LocalEtcdCluster, LocalMember, SeedTarget,
