@@ -1,14 +1,16 @@
 //! Container probes as the kubelet runs them on the real tier: a startup
 //! probe gates the others; liveness failures past the threshold restart the
-//! container; readiness decides `Ready`. Probes run at most [`MAX_PERIOD`]
-//! apart, the first one at most [`MAX_PERIOD`] after the start (the liberty
-//! taken, so tests do not wait five to ten seconds per member restart for a
-//! probe a real node would run just as surely). What a kill takes is kept:
+//! container; readiness decides `Ready`. `initialDelaySeconds` is
+//! honoured; probes run at most [`MAX_PERIOD`] apart (the liberty taken, so
+//! tests do not wait ten seconds per member for a probe a real node would
+//! run just as surely; `Ready` still comes no sooner after a start than the
+//! startup probe's delay, as on a node). What a kill takes is kept:
 //! a startup or liveness probe restarts the container only after failing
 //! `failureThreshold` times in a row over at least `(failureThreshold - 1)
 //! × periodSeconds` as the pod declares it, as long as a real kubelet waits
-//! (a member without a leader for 8 s is not killed here when a node would
-//! give it 70 s more). Readiness turns False after `failureThreshold` failures.
+//! (a member whose liveness probe fails is killed after 70 s of failures, as
+//! on a node, not after 8). Readiness turns False after `failureThreshold`
+//! failures.
 //! The real-node tier (`crate::real_node`) keeps the kubelet's own timing.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -21,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 /// leader answers 503 at once.
 const HTTP_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// The longest time between two runs of one probe, and before its first.
+/// The longest time between two runs of one probe.
 pub const MAX_PERIOD: Duration = Duration::from_secs(1);
 
 /// One HTTP GET probe of a container at the pod's IP.
@@ -52,7 +54,7 @@ impl HttpProbe {
             kill_after: secs(probe.period_seconds, 10) * (threshold - 1),
             addr: SocketAddr::from((ip, port)),
             path: get.path.clone().unwrap_or_else(|| "/".into()),
-            initial_delay: secs(probe.initial_delay_seconds, 0).min(MAX_PERIOD),
+            initial_delay: secs(probe.initial_delay_seconds, 0),
             period: secs(probe.period_seconds, 10).clamp(Duration::from_millis(100), MAX_PERIOD),
             failure_threshold: threshold,
         })
@@ -246,10 +248,10 @@ mod tests {
     }
 
     #[test]
-    fn probe_timing_honours_the_threshold_and_caps_the_delay_and_the_period() {
+    fn probe_timing_honours_delay_and_threshold_and_caps_the_period() {
         let p = HttpProbe::of(Some(&probe(2381, 5, 8)), Ipv4Addr::new(127, 1, 2, 3)).unwrap();
         assert_eq!(p.addr, "127.1.2.3:2381".parse().unwrap());
-        assert_eq!(p.initial_delay, MAX_PERIOD);
+        assert_eq!(p.initial_delay, Duration::from_secs(5));
         assert_eq!(p.period, MAX_PERIOD);
         assert_eq!(p.failure_threshold, 8);
         assert_eq!(p.kill_after, Duration::from_secs(70));
