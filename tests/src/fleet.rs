@@ -48,7 +48,7 @@ use etcdfleet_controllers::dialer::EtcdDialer;
 use etcdfleet_controllers::etcd::{EtcdStream, Transport};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
@@ -59,6 +59,7 @@ pub use crate::apiserver::MANAGEMENT;
 pub use crate::apiserver::recorder::{ApiOp, OpRecorder};
 
 use crate::apiserver::{ApiServer, CONTROLLER_USER};
+use crate::control_plane::world::create_namespace;
 use crate::portforward::PortForwardServer;
 use crate::runtime::{BackgroundSync, ImageTable, WorkloadRuntime};
 
@@ -560,25 +561,6 @@ impl WorkloadClientFactory for FleetClientFactory {
             });
         }
         self.inner.build(kubeconfig, server)
-    }
-}
-
-/// Creates namespace `name` as the admin.
-async fn create_namespace(admin: &Client, name: &str) -> Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match Api::<Namespace>::all(admin.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
     }
 }
 

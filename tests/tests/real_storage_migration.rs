@@ -234,27 +234,14 @@ async fn real_storage_migration_keeps_every_object_and_a_v1beta1_only_build_star
 
     // v0.1.0's CRDs: the same schema, served and stored as v1alpha1 only.
     world.apply(&crds_yaml(|c| c.spec.versions[0].name = "v1alpha1".into())?)?;
-    world.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd",
-        "--all",
-    ])?;
+    world.wait_crds_established()?;
     world.put_kubeconfig_secret(NS, "w1").await?;
     world.apply(&cluster_yaml("shop", "w1", 1, "3.5.1"))?;
     world.apply(&v1alpha1_objects(&backups.display().to_string()))?;
     let created = meaning(&world, "v1alpha1")?;
 
     // This tree's CRDs: v1beta1 stored, v1alpha1 still served.
-    world.kubectl(&["apply", "--server-side", "-k", "config/crd"])?;
-    world.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd",
-        "--all",
-    ])?;
+    world.install_crds("config/crd")?;
     let read = meaning(&world, "v1beta1")?;
     ensure!(
         read == created,

@@ -169,19 +169,7 @@ fn render_stage(world: &KubeWorld, dir: &Path, tag: Option<&str>) -> Result<Stri
 /// Applies the CRDs of `root`, then its dev stage (see [`render_stage`]);
 /// returns the stage as applied.
 fn install_release(world: &KubeWorld, root: &Path, tag: Option<&str>) -> Result<String> {
-    world.kubectl(&[
-        "apply",
-        "--server-side",
-        "-k",
-        &root.join("config/crd").display().to_string(),
-    ])?;
-    world.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd",
-        "--all",
-    ])?;
+    world.install_crds(&root.join("config/crd").display().to_string())?;
     let stage = render_stage(world, &root.join("config/stages/dev"), tag)?;
     world.apply(&stage)?;
     Ok(stage)

@@ -271,6 +271,18 @@ impl KubeWorld {
         install(&self.management, &self.binaries, overlay)
     }
 
+    /// Applies the CRDs of kustomization `dir` on the management cluster
+    /// and waits until every CRD is established.
+    pub fn install_crds(&self, dir: &str) -> Result<()> {
+        self.kubectl(&["apply", "--server-side", "-k", dir])?;
+        self.wait_crds_established()
+    }
+
+    /// Waits until every CRD of the management cluster is established.
+    pub fn wait_crds_established(&self) -> Result<()> {
+        self.kubectl(&CRDS_ESTABLISHED).map(drop)
+    }
+
     /// Applies `config/workload-rbac` to every workload cluster.
     pub fn install_workload_rbac(&self) -> Result<()> {
         for name in self.workloads.keys() {
@@ -464,16 +476,19 @@ impl WorkloadPlane {
 pub(super) fn install(plane: &ControlPlane, binaries: &KubeBinaries, overlay: &str) -> Result<()> {
     let kubectl = |args: &[&str]| run_kubectl(plane.kubectl(binaries), args);
     kubectl(&["apply", "--server-side", "-k", "config/crd"])?;
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd",
-        "--all",
-    ])?;
+    kubectl(&CRDS_ESTABLISHED)?;
     kubectl(&["apply", "--server-side", "-k", overlay])?;
     Ok(())
 }
+
+/// kubectl's wait until every CRD is established.
+const CRDS_ESTABLISHED: [&str; 5] = [
+    "wait",
+    "--for=condition=Established",
+    "--timeout=60s",
+    "crd",
+    "--all",
+];
 
 /// See [`KubeWorld::controller_token`].
 pub(super) async fn controller_token(plane: &ControlPlane) -> Result<String> {
@@ -497,7 +512,8 @@ pub(super) async fn service_account_token(plane: &ControlPlane, name: &str) -> R
         .context("TokenRequest answered without a token")
 }
 
-pub(super) async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
+/// Creates namespace `ns`; one that exists already is fine.
+pub async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
     let namespace: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } }))?;
     match Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &namespace)
