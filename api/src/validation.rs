@@ -14,7 +14,9 @@
 use std::fmt;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::core::cel::{ErrorKind, RootContext, ValidationError, Validator};
+use kube::core::cel::{
+    CompiledSchema, ErrorKind, RootContext, ValidationError, Validator, compile_schema,
+};
 use serde_json::{Map, Value, json};
 
 /// One rejected field, as in the `details.causes` of a 422 Status.
@@ -57,61 +59,102 @@ const FORBIDDEN: &str = "FieldValueForbidden";
 
 /// Validates one object against the served version's openAPIV3Schema and every
 /// x-kubernetes-validations rule (old = Some(..) on update: transition rules with oldSelf).
+/// Compiles the CRD's rules on every call; [`PreparedCrd`] compiles them once.
 pub fn validate_object(
     crd: &CustomResourceDefinition,
     obj: &Value,
     old: Option<&Value>,
 ) -> Result<Validated, Vec<FieldError>> {
-    let mut errors = Vec::new();
-    let Some(root) = obj.as_object() else {
-        return Err(vec![type_error("", obj, "object")]);
-    };
-    let group = &crd.spec.group;
-    let kind = &crd.spec.names.kind;
-    let served: Vec<String> = crd
-        .spec
-        .versions
-        .iter()
-        .filter(|v| v.served)
-        .map(|v| format!("{group}/{}", v.name))
-        .collect();
-    let api_version = root.get("apiVersion").and_then(Value::as_str);
-    let version = match api_version {
-        None => {
-            errors.push(required("apiVersion", ""));
-            None
-        }
-        Some(av) => match crd
-            .spec
-            .versions
-            .iter()
-            .find(|v| v.served && format!("{group}/{}", v.name) == av)
-        {
-            Some(v) => Some(v),
+    PreparedCrd::new(crd.clone()).validate(obj, old)
+}
+
+/// A CRD prepared for validating many objects: each served version's
+/// openAPIV3Schema as JSON and its CEL rules compiled once (an EtcdCluster
+/// write took 20 to 170 ms in a debug build when both were redone per call).
+pub struct PreparedCrd {
+    crd: CustomResourceDefinition,
+    /// Per served version name: the schema, and its rules compiled.
+    versions: std::collections::BTreeMap<String, (Value, CompiledSchema)>,
+}
+
+impl fmt::Debug for PreparedCrd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PreparedCrd({})", self.crd.spec.names.kind)
+    }
+}
+
+impl PreparedCrd {
+    pub fn new(crd: CustomResourceDefinition) -> Self {
+        let versions = (crd.spec.versions.iter())
+            .filter(|v| v.served)
+            .map(|v| {
+                let schema = (v.schema.as_ref())
+                    .and_then(|s| s.open_api_v3_schema.as_ref())
+                    .and_then(|s| serde_json::to_value(s).ok())
+                    .unwrap_or_else(
+                        || json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
+                    );
+                let compiled = compile_schema(&schema);
+                (v.name.clone(), (schema, compiled))
+            })
+            .collect();
+        PreparedCrd { crd, versions }
+    }
+
+    /// See [`validate_object`].
+    pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Result<Validated, Vec<FieldError>> {
+        let crd = &self.crd;
+        let mut errors = Vec::new();
+        let Some(root) = obj.as_object() else {
+            return Err(vec![type_error("", obj, "object")]);
+        };
+        let group = &crd.spec.group;
+        let kind = &crd.spec.names.kind;
+        let served: Vec<String> = (self.versions.keys())
+            .map(|v| format!("{group}/{v}"))
+            .collect();
+        let api_version = root.get("apiVersion").and_then(Value::as_str);
+        let version = match api_version {
             None => {
-                errors.push(not_supported("apiVersion", av, &served));
+                errors.push(required("apiVersion", ""));
                 None
             }
-        },
-    };
-    match root.get("kind").and_then(Value::as_str) {
-        None => errors.push(required("kind", "")),
-        Some(k) if k != kind => errors.push(not_supported("kind", k, std::slice::from_ref(kind))),
-        Some(_) => {}
+            Some(av) => match (self.versions.iter()).find(|(v, _)| format!("{group}/{v}") == av) {
+                Some((_, v)) => Some(v),
+                None => {
+                    errors.push(not_supported("apiVersion", av, &served));
+                    None
+                }
+            },
+        };
+        match root.get("kind").and_then(Value::as_str) {
+            None => errors.push(required("kind", "")),
+            Some(k) if k != kind => {
+                errors.push(not_supported("kind", k, std::slice::from_ref(kind)))
+            }
+            Some(_) => {}
+        }
+        check_metadata(root.get("metadata"), &mut errors);
+        let Some((schema, compiled)) = version else {
+            return Err(errors);
+        };
+        let context = RootContext {
+            api_version: api_version.unwrap_or_default().to_string(),
+            api_group: group.clone(),
+            kind: kind.clone(),
+        };
+        checked(root, (schema, compiled), old, &context, errors)
     }
-    check_metadata(root.get("metadata"), &mut errors);
-    let Some(version) = version else {
-        return Err(errors);
-    };
-    let schema = version
-        .schema
-        .as_ref()
-        .and_then(|s| s.open_api_v3_schema.as_ref())
-        .and_then(|s| serde_json::to_value(s).ok())
-        .unwrap_or_else(
-            || json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
-        );
+}
 
+/// The schema's checks, then (when none stops them) its rules.
+fn checked(
+    root: &Map<String, Value>,
+    (schema, compiled): (&Value, &CompiledSchema),
+    old: Option<&Value>,
+    context: &RootContext,
+    mut errors: Vec<FieldError>,
+) -> Result<Validated, Vec<FieldError>> {
     // apiVersion, kind and metadata are the API machinery's, whatever the schema says.
     let mut pruned = Map::new();
     let mut unknown = Vec::new();
@@ -141,13 +184,8 @@ pub fn validate_object(
         return Err(errors);
     }
 
-    let context = RootContext {
-        api_version: api_version.unwrap_or_default().to_string(),
-        api_group: group.clone(),
-        kind: kind.clone(),
-    };
     if let Err(failures) =
-        Validator::new().validate_with_context(&schema, &object, old, Some(&context))
+        Validator::new().validate_compiled_with_context(compiled, &object, old, Some(context))
     {
         errors.extend(rule_errors(failures.iter(), &object));
     }

@@ -12,7 +12,13 @@ use super::kinds::Kind;
 
 /// Validates `obj` (and, for updates, its transition from `old`) against
 /// the CRD; returns the object with unknown fields pruned.
-pub fn validate(crd: &Value, obj: &Value, old: Option<&Value>) -> Result<Value, Vec<FieldError>> {
+pub fn validate(kind: &Kind, obj: &Value, old: Option<&Value>) -> Result<Value, Vec<FieldError>> {
+    if let Some(prepared) = &kind.validator {
+        return prepared.validate(obj, old).map(|v| v.object);
+    }
+    let Some(crd) = &kind.crd else {
+        return Ok(obj.clone());
+    };
     let crd: CustomResourceDefinition = serde_json::from_value(crd.clone()).map_err(|e| {
         vec![FieldError {
             field: String::new(),

@@ -28,6 +28,10 @@ pub struct Kind {
     pub scale: Option<ScalePaths>,
     /// The CustomResourceDefinition this kind comes from.
     pub crd: Option<Value>,
+    /// Its validation, prepared once (the schemas, the CEL rules compiled):
+    /// the store serves one request at a time, and redoing both per write
+    /// held it long enough for other clients' requests to time out.
+    pub validator: Option<std::sync::Arc<etcdfleet_api::validation::PreparedCrd>>,
 }
 
 impl Kind {
@@ -83,6 +87,7 @@ impl Kind {
             status: false,
             scale: None,
             crd: None,
+            validator: None,
         }
     }
 
@@ -157,6 +162,9 @@ pub fn from_crd(crd: &Value) -> Vec<Kind> {
     let plural = spec["names"]["plural"].as_str().unwrap_or_default();
     let kind = spec["names"]["kind"].as_str().unwrap_or_default();
     let namespaced = spec["scope"].as_str() != Some("Cluster");
+    let validator = serde_json::from_value(crd.clone())
+        .ok()
+        .map(|parsed| std::sync::Arc::new(etcdfleet_api::validation::PreparedCrd::new(parsed)));
     spec["versions"]
         .as_array()
         .into_iter()
@@ -183,6 +191,7 @@ pub fn from_crd(crd: &Value) -> Vec<Kind> {
                     label_selector: s["labelSelectorPath"].as_str().map(json_path_to_pointer),
                 }),
                 crd: Some(crd.clone()),
+                validator: validator.clone(),
             }
         })
         .collect()

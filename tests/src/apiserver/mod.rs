@@ -355,7 +355,9 @@ impl Inner {
                 .or_else(|_| etcdfleet_api::yaml::from_slice(bytes))
                 .map_err(|e| bad_request(format!("the request body is not valid: {e}")))
         };
+        let asked = std::time::Instant::now();
         let mut store = self.store.lock().expect("store lock");
+        let _held = SlowRequest::new(parts, asked);
         let name = t.name.clone();
         match (parts.method.as_str(), name) {
             ("GET", Some(name)) => Ok((200, store.get_sub(t, &name)?)),
@@ -965,5 +967,41 @@ current-context: {name}
             .lock()
             .expect("store lock")
             .resource_version()
+    }
+}
+
+/// Says on stderr when a request waited for the store or held it long (the
+/// store serves one request at a time): a test whose clients time out
+/// (Lease renewals with a 2 s deadline) shows which requests held them up.
+struct SlowRequest {
+    what: String,
+    asked: std::time::Instant,
+    locked: std::time::Instant,
+}
+
+impl SlowRequest {
+    const SLOW: Duration = Duration::from_millis(250);
+
+    fn new(parts: &http::request::Parts, asked: std::time::Instant) -> Self {
+        SlowRequest {
+            what: format!("{} {}", parts.method, parts.uri.path()),
+            asked,
+            locked: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for SlowRequest {
+    fn drop(&mut self) {
+        let (waited, held) = (self.locked - self.asked, self.locked.elapsed());
+        if waited > Self::SLOW || held > Self::SLOW {
+            eprintln!(
+                "[{} test API server] {} waited {:?} for the store and held it {:?}",
+                k8s_openapi::jiff::Timestamp::now(),
+                self.what,
+                waited,
+                held
+            );
+        }
     }
 }

@@ -352,11 +352,11 @@ impl Store {
         obj: Value,
         old: Option<&Value>,
     ) -> ApiResult<Value> {
-        let Some(crd) = &kind.crd else {
+        if kind.crd.is_none() {
             return Ok(obj);
-        };
+        }
         let old = if self.transition_rules { old } else { None };
-        validation::validate(crd, &obj, old)
+        validation::validate(kind, &obj, old)
             .map_err(|errors| ApiError(422, validation::invalid_status(kind, name, &errors)))
     }
 
