@@ -160,7 +160,8 @@ pub async fn put(fleet: &Fleet, workload: &str, name: &str, members: u32, key: &
     Ok(())
 }
 
-/// Reads `key` from every member on its own (a serializable read answered by that member).
+/// Reads `key` from every member on its own (a serializable read answered
+/// by that member), each waited for ([`crate::etcd_harness::get_from_member`]).
 pub async fn read_everywhere(
     fleet: &Fleet,
     workload: &str,
@@ -168,20 +169,21 @@ pub async fn read_everywhere(
     members: u32,
     key: &str,
 ) -> Result<()> {
-    let (endpoints, config) = etcd_of(fleet, workload, name, members).await?;
-    for ep in endpoints {
-        let mut kv = ClusterClient::connect(std::slice::from_ref(&ep), &config)
-            .await?
-            .kv();
-        let resp = tokio::time::timeout(
-            Duration::from_secs(5),
-            kv.get(
-                key,
-                Some(etcd_client::GetOptions::new().with_serializable()),
-            ),
-        )
-        .await??;
-        ensure!(resp.kvs().len() == 1, "{key} missing on {ep}");
+    let (_, config) = etcd_of(fleet, workload, name, 0).await?;
+    let names = Names::new(name, WORKLOAD_NS);
+    let runtime = fleet.runtime(workload);
+    for o in 0..members {
+        let endpoint = || async {
+            let ip = (runtime.resolve(&names.member_host(o)))
+                .with_context(|| format!("{} has no IP", names.pod(o)))?;
+            Ok(format!("https://{ip}:2379"))
+        };
+        let read = (key, etcd_client::GetOptions::new());
+        let bound = crate::etcd_harness::MEMBER_ANSWER_BOUND;
+        let resp =
+            crate::etcd_harness::get_from_member(&names.pod(o), endpoint, &config, read, bound)
+                .await?;
+        ensure!(resp.kvs().len() == 1, "{key} missing on {}", names.pod(o));
     }
     Ok(())
 }

@@ -20,7 +20,9 @@ use etcdfleet_controllers::restore::KEPT_VOLUMES;
 use etcdfleet_controllers::store::{Credentials, Store};
 use etcdfleet_tests::driver::TestController;
 use etcdfleet_tests::driver::fast_settings;
-use etcdfleet_tests::etcd_harness::{EtcdVersion, require_etcd};
+use etcdfleet_tests::etcd_harness::{
+    EtcdVersion, MEMBER_ANSWER_BOUND, get_from_member, require_etcd,
+};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::s3::{
     ACCESS_KEY_ID, CREDENTIALS, S3Server, SECRET_ACCESS_KEY, back_up, put_credentials,
@@ -280,22 +282,11 @@ async fn every_member_holds(
         list.iter().filter(|m| !m.is_learner).count() == members as usize,
         "{name}: members {list:?}"
     );
-    for ep in &endpoints {
-        let mut kv = ClusterClient::connect(std::slice::from_ref(ep), &config)
-            .await?
-            .kv();
-        let resp = tokio::time::timeout(
-            Duration::from_secs(5),
-            kv.get(
-                "/restore/",
-                Some(
-                    etcd_client::GetOptions::new()
-                        .with_prefix()
-                        .with_serializable(),
-                ),
-            ),
-        )
-        .await??;
+    for (o, ep) in endpoints.iter().enumerate() {
+        let endpoint = || async { Ok(ep.clone()) };
+        let read = ("/restore/", etcd_client::GetOptions::new().with_prefix());
+        let member = format!("{name}-etcd-{o}");
+        let resp = get_from_member(&member, endpoint, &config, read, MEMBER_ANSWER_BOUND).await?;
         ensure!(
             resp.kvs().len() == n,
             "{name}: {} of {n} keys on {ep}",

@@ -143,23 +143,45 @@ async fn member_ips(
     names: &Names,
     members: u32,
 ) -> Result<Vec<String>> {
-    let plane = world.workload(workload);
     let mut ips = Vec::new();
     for o in 0..members {
-        let pod = names.pod(o);
-        let ip = match &plane.nodes {
-            Nodes::Process(kubelet) => kubelet
-                .runtime
-                .pod_ip(WORKLOAD_NS, &pod)
-                .map(|ip| ip.to_string()),
-            Nodes::Real(_) => {
-                let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, WORKLOAD_NS);
-                published_ip(&pods, &pod).await?
-            }
-        };
-        ips.push(ip.with_context(|| format!("{pod} has no IP"))?);
+        ips.push(member_ip(world, workload, names, o).await?);
     }
     Ok(ips)
+}
+
+/// The client URL (pod IP) member `ordinal` of `name` has now.
+pub async fn member_endpoint(
+    world: &KubeWorld,
+    workload: &str,
+    name: &str,
+    ordinal: u32,
+) -> Result<String> {
+    let names = Names::new(name, WORKLOAD_NS);
+    let ip = member_ip(world, workload, &names, ordinal).await?;
+    Ok(format!("https://{ip}:2379"))
+}
+
+/// The pod IP of member `ordinal`.
+async fn member_ip(
+    world: &KubeWorld,
+    workload: &str,
+    names: &Names,
+    ordinal: u32,
+) -> Result<String> {
+    let plane = world.workload(workload);
+    let pod = names.pod(ordinal);
+    let ip = match &plane.nodes {
+        Nodes::Process(kubelet) => kubelet
+            .runtime
+            .pod_ip(WORKLOAD_NS, &pod)
+            .map(|ip| ip.to_string()),
+        Nodes::Real(_) => {
+            let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, WORKLOAD_NS);
+            published_ip(&pods, &pod).await?
+        }
+    };
+    ip.with_context(|| format!("{pod} has no IP"))
 }
 
 /// A real kubelet posts a pod's IP in a status update of its own, after the
@@ -190,7 +212,9 @@ pub async fn put(
     Ok(())
 }
 
-/// Reads `key` from every member on its own (serializable reads).
+/// Reads `key` from every member on its own (serializable reads), each
+/// waited for ([`crate::etcd_harness::get_from_member`]): `Available` counts
+/// a quorum, not every member.
 pub async fn read_everywhere(
     world: &KubeWorld,
     workload: &str,
@@ -198,17 +222,19 @@ pub async fn read_everywhere(
     members: u32,
     key: &str,
 ) -> Result<()> {
-    let (endpoints, config) = etcd_of(world, workload, name, members).await?;
-    for ep in endpoints {
-        let mut kv = ClusterClient::connect(std::slice::from_ref(&ep), &config)
-            .await?
-            .kv();
-        let get = kv.get(
-            key,
-            Some(etcd_client::GetOptions::new().with_serializable()),
-        );
-        let resp = tokio::time::timeout(Duration::from_secs(5), get).await??;
-        ensure!(resp.kvs().len() == 1, "{key} missing on {ep}");
+    let (_, config) = etcd_of(world, workload, name, 0).await?;
+    let names = Names::new(name, WORKLOAD_NS);
+    for o in 0..members {
+        let endpoint = || async {
+            let ip = member_ip(world, workload, &names, o).await?;
+            Ok(format!("https://{ip}:2379"))
+        };
+        let read = (key, etcd_client::GetOptions::new());
+        let bound = crate::etcd_harness::MEMBER_ANSWER_BOUND;
+        let resp =
+            crate::etcd_harness::get_from_member(&names.pod(o), endpoint, &config, read, bound)
+                .await?;
+        ensure!(resp.kvs().len() == 1, "{key} missing on {}", names.pod(o));
     }
     Ok(())
 }

@@ -11,11 +11,13 @@
 //!
 //! Rooms: [`binaries`] (which releases, where), [`process`] (one process),
 //! [`cluster`] (a local cluster of them), [`writer`] (the acknowledged-write
-//! checkers), [`nospace`] (live data that keeps a cluster at NOSPACE).
+//! checkers), [`nospace`] (live data that keeps a cluster at NOSPACE),
+//! [`each_member`] (reads every member must answer, each waited for).
 //! Every public name is re-exported here.
 
 pub mod binaries;
 pub mod cluster;
+pub mod each_member;
 pub mod nospace;
 pub mod process;
 pub mod writer;
@@ -28,6 +30,7 @@ pub use cluster::{
     ClusterOptions, ClusterTls, FAST_ETCD_FLAGS, LocalEtcdCluster, LocalMember, SeedTarget,
     http_get,
 };
+pub use each_member::{MEMBER_ANSWER_BOUND, get_from_member};
 pub use nospace::{LiveFill, fill_with_live_data};
 pub use process::{EtcdProcess, ProcessSpec, free_ports, random_u64};
 pub use writer::{AckedWriter, FollowingWriter, WriteReport, lost_writes, verify_acknowledged};
