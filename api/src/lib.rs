@@ -11,6 +11,7 @@ pub mod destination;
 pub mod drill;
 pub mod quantity;
 pub mod recovery;
+pub mod replacement;
 pub mod restore;
 pub mod rollout;
 pub mod template;

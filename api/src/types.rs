@@ -480,6 +480,13 @@ pub struct EtcdClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_member_answers_since: Option<Time>,
 
+    /// Failed members replaced (removed, their volumes deleted, joined
+    /// again), by member, while a replacement has not cured them: a
+    /// member replaced `replacement::MAX_REPLACEMENTS` times without a
+    /// healthy period in between is not replaced again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub replacements: Vec<crate::replacement::ReplacementStatus>,
     /// The size every member's volume has: the smallest capacity of their
     /// claims, as last observed. What `etcdfleet plan` compares
     /// `spec.storage.size` with offline (docs/storage.md).

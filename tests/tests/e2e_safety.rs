@@ -1301,6 +1301,131 @@ async fn a_member_that_cannot_start_on_a_new_version_keeps_its_volume_and_voter_
     Ok(())
 }
 
+/// etcd 3.5.1 that exits at start while `flag` exists and it runs as
+/// `pod`, as a member whose node has a broken condition would (the version
+/// is the one its data ran); any other pod, or with the flag gone, runs the
+/// real etcd.
+fn etcd_failing_while(
+    dir: &std::path::Path,
+    flag: &std::path::Path,
+    pod: &str,
+) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let real = require_etcd(EtcdVersion::V3_5).context("etcd 3.5.1")?.etcd;
+    let path = dir.join("etcd");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nif [ \"$POD_NAME\" = \"{pod}\" ] && [ -e {flag} ]; then\n  \
+             echo 'panic: this node cannot run etcd' >&2\n  exit 2\nfi\nexec {real} \"$@\"\n",
+            flag = flag.display(),
+            real = real.display()
+        ),
+    )?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(path)
+}
+
+/// A member that crash-loops for a cause outside its data (its node), on
+/// the version its data ran, is replaced, but a replacement that did not
+/// cure it is not made again without a back-off, and never more than the
+/// bound (`etcdfleet_api::replacement`): then the cluster holds naming the
+/// member, its last exit and the replacements made. Once the cause is
+/// gone, the member comes back and the cluster converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_whose_replacement_cures_nothing_is_not_replaced_again_past_the_bound()
+-> Result<()> {
+    use etcdfleet_api::replacement::MAX_REPLACEMENTS;
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let bin = tempfile::tempdir()?;
+    let flag = bin.path().join("node-broken");
+    let pod = "etcd-etcd-1";
+    let images = etcdfleet_tests::runtime::ImageTable::installed().with_image(
+        "gcr.io/etcd-development/etcd:v3.5.1",
+        etcd_failing_while(bin.path(), &flag, pod)?,
+    );
+    let fleet = Fleet::with_images(
+        etcdfleet_tests::apiserver::ApiServer::management().await?,
+        NS,
+        &["a"],
+        images,
+    )
+    .await?;
+    // A 2 s grace: replacements may come 2, 4 then 8 s apart.
+    let settings = etcdcluster::ReconcilerSettings {
+        member_failure_grace: Duration::from_secs(2),
+        ..fast_settings()
+    };
+    let mut ctl = etcdfleet_tests::scenario::controller_with(&fleet, settings);
+    create(&fleet, &cluster("etcd", "a", 3, "3.5.1")).await?;
+    converge_all(&fleet, &mut ctl, &["etcd"]).await?;
+    put(&fleet, "a", "etcd", 3, "before").await?;
+
+    std::fs::write(&flag, "")?;
+    fleet
+        .runtime("a")
+        .kill_pod_process(WORKLOAD_NS, pod)
+        .await?;
+    let mut removals = Vec::new();
+    let until = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < until {
+        fleet.sync_all().await?;
+        if let Outcome::Acted(step @ Step::RemoveMember { .. }) = ctl.reconcile(NS, "etcd").await? {
+            removals.push((Instant::now(), step));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let all_member_1 = (removals.iter()).all(|(_, s)| {
+        matches!(
+            s,
+            Step::RemoveMember {
+                ordinal: Some(1),
+                ..
+            }
+        )
+    });
+    assert!(all_member_1, "{removals:?}");
+    assert_eq!(removals.len(), MAX_REPLACEMENTS as usize, "{removals:?}");
+    // Each one waited longer than the one before.
+    let gaps: Vec<Duration> = (removals.windows(2)).map(|w| w[1].0 - w[0].0).collect();
+    assert!(gaps.windows(2).all(|g| g[1] > g[0]), "gaps {gaps:?}");
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_secs(4)),
+        "gaps {gaps:?}"
+    );
+    let status = get(&fleet, "etcd").await?.status.context("status")?;
+    let held =
+        conditions::find(&status.conditions, conditions::PROGRESSING).context("Progressing")?;
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("False", "NeedsAttention")
+    );
+    for words in [
+        format!("member {pod} failed again after {MAX_REPLACEMENTS} replacements"),
+        "exited with code 2".to_string(),
+        "not replaced again".to_string(),
+    ] {
+        assert!(held.message.contains(&words), "{words}: {}", held.message);
+    }
+    let record = (status.replacements.iter()).find(|r| r.member == pod);
+    assert_eq!(
+        record.map(|r| r.count),
+        Some(MAX_REPLACEMENTS as i32),
+        "{:?}",
+        status.replacements
+    );
+
+    // The node is fixed: the member comes back as its pod starts.
+    std::fs::remove_file(&flag)?;
+    converge_all(&fleet, &mut ctl, &["etcd"]).await?;
+    let status = get(&fleet, "etcd").await?.status.context("status")?;
+    assert_eq!((status.replicas, status.ready_members), (3, 3));
+    read_everywhere(&fleet, "a", "etcd", 3, "before").await?;
+    Ok(())
+}
+
 /// A member's failure grace is judged from the live EtcdCluster, never
 /// from a copy the watch delivered late: a copy that still says a member
 /// has been unhealthy for ten minutes, when the live status says it went

@@ -26,7 +26,7 @@ use kube::{Resource, ResourceExt};
 use super::context::now;
 use super::plan::observation::{EtcdObservation, Observation, RestoreGate};
 use super::plan::quorum::{QUORUM_LOSS_HELP, QuorumView, quorum_view};
-use super::plan::step::{Refusal, Step};
+use super::plan::step::{Refusal, RemovalCause, Step};
 use super::plan::storage::sizes as storage;
 
 mod adopt;
@@ -156,6 +156,10 @@ pub fn compose(cluster: &EtcdCluster, learned: &Learned) -> Composed {
     }
     if let Some(decision) = &learned.decision {
         b.decided(decision, learned.identity.as_ref());
+        if let (Decision::Acted { step, error: None }, Some(obs)) = (decision, &learned.observation)
+        {
+            b.replaced(step, obs);
+        }
     }
     if let Some(id) = learned.retiring {
         b.record_retirement(id);
@@ -714,6 +718,40 @@ impl Builder {
             self.ca_rotation_moved(step);
             self.recovery_moved(step);
             self.restarted(step);
+        }
+    }
+
+    /// A failed member removed (to be replaced: its volume goes, it joins
+    /// again empty) is counted under its name, with how its container last
+    /// ended, as the planner judged it (`Observation::replacements`); the
+    /// planner bounds the next one by it. At most 16 records are kept, the
+    /// oldest going first.
+    fn replaced(&mut self, step: &Step, obs: &Observation) {
+        use etcdfleet_api::replacement::{Replacement, ReplacementStatus};
+        let Step::RemoveMember {
+            ordinal: Some(ordinal),
+            member_id,
+            cause: RemovalCause::Failed,
+        } = step
+        else {
+            return;
+        };
+        let nth = match obs.replacements.get(member_id) {
+            Some(Replacement::Allowed { nth }) => *nth,
+            _ => 1,
+        };
+        let member = obs.names.pod(*ordinal);
+        let records = &mut self.new.replacements;
+        records.retain(|r| r.member != member);
+        records.push(ReplacementStatus {
+            member,
+            count: nth as i32,
+            last_time: Some(now()),
+            last_exit: obs.pods.get(ordinal).and_then(|p| p.last_exit.clone()),
+        });
+        if records.len() > 16 {
+            records.sort_by_key(|r| r.last_time.as_ref().map(|t| t.0));
+            records.remove(0);
         }
     }
 

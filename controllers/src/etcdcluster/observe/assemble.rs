@@ -51,6 +51,8 @@ pub struct ObjectsReading {
     pub conflicts: Vec<ForeignObject>,
     /// A workload TLS Secret carries a CA certificate.
     pub tls_secret_ca_present: bool,
+    /// The members ConfigMap announces members to start from it.
+    pub announces_members: bool,
     /// The management-side PKI Secret exists.
     pub pki_present: bool,
 }
@@ -64,12 +66,14 @@ pub fn assemble(r: Readings) -> Observation {
         tls: r.tls,
         desired_replicas: r.desired_replicas,
         stale_objects: objects.stale,
+        members_announced: objects.announces_members,
         statefulset: r.statefulset,
         pods: r.pods,
         pvcs: r.pvcs,
         etcd: r.etcd,
         failed_members: r.history.failed_members,
         failed_long_ago: r.history.failed_long_ago,
+        replacements: r.history.replacements,
         alarms: r.alarms,
         conflicts: objects.conflicts,
         // The management-side CA is gone but the workload still trusts one: a

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use etcdfleet_api::replacement::{self, Replacement};
 use etcdfleet_api::{EtcdClusterStatus, MemberStatus};
 use k8s_openapi::jiff::Timestamp;
 
@@ -25,6 +26,9 @@ pub struct History {
     /// Members of this cluster were listed (an adopted etcd's old members
     /// are not).
     pub had_members: bool,
+    /// Whether each failed member may be replaced now, by member id
+    /// (`etcdfleet_api::replacement`).
+    pub replacements: BTreeMap<u64, Replacement>,
 }
 
 impl History {
@@ -40,8 +44,14 @@ impl History {
             Some(h) => failed_members(status, h, grace, now),
             None => BTreeSet::new(),
         };
+        let failed_members = failed(grace);
+        let replacements = match health {
+            Some(h) => replacements(status, (h, names), &failed_members, grace, now),
+            None => BTreeMap::new(),
+        };
         History {
-            failed_members: failed(grace),
+            replacements,
+            failed_members,
             failed_long_ago: failed(grace * READY_POD_GRACE_FACTOR),
             last_failure: last_failure(status, now),
             known_voters: status.members.iter().filter(|m| !m.learner).count() as u32,
@@ -51,6 +61,31 @@ impl History {
                 .any(|m| names.ordinal_of(&m.name).is_some()),
         }
     }
+}
+
+/// For each failed member, whether it may be replaced now: from the
+/// replacements its name has had (`status.replacements`) and since when it
+/// has been unhealthy this time.
+fn replacements(
+    status: &EtcdClusterStatus,
+    (health, names): (&ClusterHealth, &Names),
+    failed: &BTreeSet<u64>,
+    grace: Duration,
+    now: Timestamp,
+) -> BTreeMap<u64, Replacement> {
+    let members = health
+        .members()
+        .iter()
+        .filter(|m| failed.contains(&m.member.id));
+    members
+        .filter_map(|m| {
+            let ordinal = names.ordinal_of_peer_url(m.member.peer_urls.first()?)?;
+            let name = names.pod(ordinal);
+            let made = status.replacements.iter().find(|r| r.member == name);
+            let since = recorded(status, m)?.unhealthy_since.as_ref().map(|t| t.0);
+            Some((m.member.id, replacement::judge(made, since, grace, now)))
+        })
+        .collect()
 }
 
 /// Members etcd lists as unhealthy whose stored `unhealthySince` is at

@@ -157,15 +157,12 @@ pub async fn observe(
     .await;
     let status = remembered(cluster, etcd.health.as_ref(), ctx).await?;
     let now = k8s_openapi::jiff::Timestamp::now();
-    let history = History::of(
-        &status,
-        (etcd.health.as_ref(), &w.names),
-        ctx.settings.member_failure_grace,
-        now,
-    );
+    let grace = ctx.settings.member_failure_grace;
+    let history = History::of(&status, (etcd.health.as_ref(), &w.names), grace, now);
     let bootstrapped = statefulset.statefulset.is_some() || history.known_voters > 0;
     let restore = restore::read(cluster, &inputs.version, bootstrapped, &members.pvcs, ctx).await?;
     let members_reached = recovery::Members {
+        names: &w.names,
         health: etcd.health.as_ref(),
         endpoints: &etcd.endpoints,
         config: &etcd.config,
@@ -193,6 +190,7 @@ pub async fn observe(
             ]
             .concat(),
             tls_secret_ca_present: objects.tls_secret_ca_present,
+            announces_members: objects.announces_members,
             pki_present: pki.pki.is_some(),
         },
         statefulset: (statefulset.statefulset.as_ref()).map(statefulset_observation),

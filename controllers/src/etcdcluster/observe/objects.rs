@@ -78,6 +78,9 @@ pub struct StaticObjects {
     pub conflicts: Vec<ForeignObject>,
     /// A workload TLS Secret carries a CA certificate.
     pub tls_secret_ca_present: bool,
+    /// The members ConfigMap announces members to start from it (anything
+    /// but [`render::CLOSED_INITIAL_CLUSTER`]).
+    pub announces_members: bool,
 }
 
 /// Reads the namespace, TLS Secrets, Services, PDB and members ConfigMap.
@@ -117,10 +120,20 @@ pub async fn read_static(w: &Workload<'_>, pki: &PkiReading) -> Result<StaticObj
     {
         None => found.stale.push(ObjectKind::MembersConfigMap),
         Some(cm) => {
-            w.owned(&cm, &mut found.conflicts);
+            if w.owned(&cm, &mut found.conflicts) {
+                found.announces_members = announces_members(&cm);
+            }
         }
     }
     Ok(found)
+}
+
+/// Whether the members ConfigMap names members that may start from it: a
+/// member that starts on an empty data directory reads it (see
+/// [`render::CLOSED_INITIAL_CLUSTER`]).
+fn announces_members(cm: &ConfigMap) -> bool {
+    let initial = (cm.data.as_ref()).and_then(|d| d.get(render::INITIAL_CLUSTER_KEY));
+    initial.is_some_and(|i| i != render::CLOSED_INITIAL_CLUSTER)
 }
 
 /// The server and peer TLS Secrets: owned, rendered from these inputs,

@@ -118,6 +118,10 @@ pub const RULES: &[(&str, Rule)] = &[
     // Membership repair.
     ("record new volumes", M(repair::record_new_volumes)),
     ("learner in flight", M(repair::learner_in_flight)),
+    (
+        "close the members announcement",
+        M(repair::close_announcement),
+    ),
     // A member failing on a version its data never ran is kept: the
     // version, not the data, is the cause.
     (

@@ -95,6 +95,10 @@ pub struct Observation {
     pub desired_replicas: u32,
     /// Workload objects missing or whose inputs changed (from the render contract).
     pub stale_objects: Vec<ObjectKind>,
+    /// The members ConfigMap announces members that may start from it
+    /// (bootstrap's `new`, a join's `existing`): a member whose volume is
+    /// empty would start from it, so it is closed once no member needs it.
+    pub members_announced: bool,
     pub statefulset: Option<StatefulSetObservation>,
     pub pods: BTreeMap<u32, PodObservation>,
     pub pvcs: BTreeMap<u32, PvcObservation>,
@@ -106,6 +110,10 @@ pub struct Observation {
     /// then (the ready pod is a second vantage point, but a weak one: the
     /// kubelet's check is not etcd's quorum).
     pub failed_long_ago: BTreeSet<u64>,
+    /// Whether each failed member may be replaced now, by member id: a
+    /// replacement that did not cure it is not made again without a
+    /// back-off, nor more than `replacement::MAX_REPLACEMENTS` times.
+    pub replacements: BTreeMap<u64, etcdfleet_api::replacement::Replacement>,
     /// Alarms etcd has raised (NOSPACE, CORRUPT).
     pub alarms: Vec<Alarm>,
     /// Workload objects at this cluster's names that another owner (or nobody)

@@ -4,9 +4,11 @@
 //! period) is removed under the quorum guard, and storage that holds a gone
 //! member's data is deleted so its ordinal can rejoin fresh.
 
+use etcdfleet_api::replacement::{HEALTHY_RESETS, Replacement};
+
 use super::members::Members;
 use super::observation::{Observation, READY_POD_GRACE_FACTOR};
-use super::step::{Plan, RemovalCause, Step};
+use super::step::{ObjectKind, Plan, RemovalCause, Step};
 
 /// Rule: record which member each PVC holds as soon as both exist, so that
 /// data of a member that is later removed is recognised as stale; with it
@@ -52,6 +54,9 @@ pub(super) fn learner_in_flight(m: &Members) -> Option<Plan> {
     // A learner whose pod never ran has not failed: it has not started.
     let started = obs.pods.get(&ordinal).is_some_and(|p| p.running);
     if started && obs.failed_members.contains(&id) && health.can_remove(id).is_ok() {
+        if let Some(bounded) = replacement_bounded(m, id, ordinal) {
+            return Some(bounded);
+        }
         return Some(Plan::Act(Step::RemoveMember {
             ordinal: Some(ordinal),
             member_id: id,
@@ -70,6 +75,22 @@ pub(super) fn learner_in_flight(m: &Members) -> Option<Plan> {
         "learner {} not promotable yet: {why}",
         obs.names.pod(ordinal)
     )))
+}
+
+/// Rule: once every member etcd lists has started and none is a learner,
+/// the members ConfigMap announces no one. A bootstrap's `new` (and a
+/// reseed's) is read by a member only on an empty data directory: left in
+/// place, member 0 whose volume came back empty would start a new, empty
+/// cluster under the same token (so the same cluster and member ids) and
+/// take writes as this one. Closed, it exits instead ("couldn't find local
+/// name"), and the loss is a loss the quorum rules see.
+pub(super) fn close_announcement(m: &Members) -> Option<Plan> {
+    let members = m.health.members();
+    let settled = members
+        .iter()
+        .all(|mo| mo.member.is_started() && !mo.member.is_learner);
+    (m.obs.members_announced && settled && !members.is_empty())
+        .then(|| Plan::Act(Step::WriteObjects(vec![ObjectKind::MembersConfigMap])))
 }
 
 /// Rule: a voter unhealthy on a version its data never ran (its pod's image
@@ -165,6 +186,9 @@ pub(super) fn failed_members(m: &Members) -> Option<Plan> {
             obs.names.pod(o)
         )));
     }
+    if let Some(bounded) = replacement_bounded(m, *id, o) {
+        return Some(bounded);
+    }
     let ordinal = Some(o);
     Some(match health.can_remove(*id) {
         Ok(()) => Plan::Act(Step::RemoveMember {
@@ -177,6 +201,35 @@ pub(super) fn failed_members(m: &Members) -> Option<Plan> {
             ordinal.map_or_else(|| format!("{id:x}"), |o| obs.names.pod(o))
         )),
     })
+}
+
+/// A failed member is replaced (removed, its volume deleted, joined again
+/// empty) unless earlier replacements did not cure it
+/// ([`etcdfleet_api::replacement`]): the next waits a back-off that
+/// doubles with each, and after the bound the cluster holds, naming the
+/// member, how its container last ended and the replacements made. A
+/// cause outside the data (its node, image or resources) is not cured by
+/// deleting the data again.
+fn replacement_bounded(m: &Members, id: u64, ordinal: u32) -> Option<Plan> {
+    let obs = m.obs;
+    let pod = obs.names.pod(ordinal);
+    let exit = (obs.pods.get(&ordinal).and_then(|p| p.last_exit.as_ref()))
+        .map_or_else(String::new, |e| format!("; its etcd container {e}"));
+    match obs.replacements.get(&id)? {
+        Replacement::Allowed { .. } => None,
+        Replacement::BackOff { made, not_before } => Some(Plan::Wait(format!(
+            "member {pod} failed again after {made} replacement(s){exit}; it is replaced \
+             again at {not_before} at the earliest (each replacement waits twice as long as \
+             the one before)"
+        ))),
+        Replacement::Exhausted { made } => Some(Plan::Hold(format!(
+            "member {pod} failed again after {made} replacements{exit}. It is not replaced \
+             again: each replacement deleted its volume and none cured it, so the cause lies \
+             outside its data (its node, image or resources). Fix the cause: the member comes \
+             back as soon as its pod runs, and once healthy for {HEALTHY_RESETS} failure \
+             graces its replacements count afresh"
+        ))),
+    }
 }
 
 /// Rule: stale storage, a PVC holding the data of a member that is gone, is
@@ -231,6 +284,35 @@ mod tests {
         assert_eq!(learner_in_flight(&m), None);
         assert_eq!(failed_members(&m), None);
         assert_eq!(stale_storage(&m), None);
+    }
+
+    #[test]
+    fn a_bootstrap_announcement_is_closed_once_every_member_has_started() {
+        let close = Plan::Act(Step::WriteObjects(vec![ObjectKind::MembersConfigMap]));
+        // Member 0 bootstrapped `new` and runs: nothing may start from the
+        // announcement any more.
+        let mut obs = converged(1, 1);
+        obs.members_announced = true;
+        assert_eq!(close_announcement(&members(&obs)), Some(close.clone()));
+        assert_eq!(super::super::plan_next_step(&obs), close);
+        // Closed already: nothing to do.
+        obs.members_announced = false;
+        assert_eq!(close_announcement(&members(&obs)), None);
+        // A learner joins from it: it stays until the promotion closes it.
+        let learner = member(1, true, false, true);
+        let mut joining =
+            with_members(converged(1, 2), vec![member(0, true, true, false), learner]);
+        joining.members_announced = true;
+        assert_eq!(close_announcement(&members(&joining)), None);
+        // A member added but not started yet reads it on its first start.
+        let mut unstarted = member(1, false, false, false);
+        unstarted.member.name = String::new();
+        let mut adding = with_members(
+            converged(1, 2),
+            vec![member(0, true, true, false), unstarted],
+        );
+        adding.members_announced = true;
+        assert_eq!(close_announcement(&members(&adding)), None);
     }
 
     #[test]

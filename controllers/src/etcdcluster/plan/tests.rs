@@ -74,6 +74,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
         tls: true,
         desired_replicas: desired,
         stale_objects: vec![],
+        members_announced: false,
         statefulset: Some(StatefulSetObservation {
             replicas: n,
             image: IMG.into(),
@@ -106,6 +107,7 @@ pub(crate) fn converged(n: u32, desired: u32) -> Observation {
         )),
         failed_members: BTreeSet::new(),
         failed_long_ago: BTreeSet::new(),
+        replacements: Default::default(),
         alarms: vec![],
         conflicts: vec![],
         pki_lost: false,

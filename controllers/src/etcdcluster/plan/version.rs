@@ -398,6 +398,7 @@ mod fixtures {
             tls: true,
             desired_replicas: n,
             stale_objects: vec![],
+            members_announced: false,
             statefulset: Some(StatefulSetObservation {
                 replicas: n,
                 image,
@@ -414,6 +415,7 @@ mod fixtures {
             names,
             failed_members: BTreeSet::new(),
             failed_long_ago: BTreeSet::new(),
+            replacements: Default::default(),
             alarms: vec![],
             conflicts: vec![],
             pki_lost: false,
