@@ -448,6 +448,23 @@ fn cluster_token(inputs: &RenderInputs) -> String {
     )
 }
 
+/// The `--initial-cluster-token` of a cluster restored from a backup by a
+/// recovery (`recovery`: the recovery's id and start time, which name it
+/// once): etcd derives the member ids from the token and the peer URLs,
+/// and the cluster id from the member ids, so the restored cluster shares
+/// no id with the lost one (whose members, back on their old data, etcd
+/// then refuses as another cluster's) nor with an earlier restore.
+pub fn restored_cluster_token(name: &str, uid: &str, recovery: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, recovery.as_bytes());
+    let stamp: String = (digest.as_ref()[..4].iter())
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!(
+        "{name}-{}-{stamp}",
+        uid.split('-').next().unwrap_or_default()
+    )
+}
+
 /// The `--initial-cluster-token` a StatefulSet's etcd container runs with.
 pub fn statefulset_cluster_token(sts: &StatefulSet) -> Option<String> {
     pod_cluster_token(sts.spec.template.spec.as_ref()?)

@@ -13,11 +13,12 @@ use anyhow::{Context as _, Result, ensure};
 use etcdfleet_api::conditions::{self, AVAILABLE};
 use etcdfleet_api::recovery::{QuorumLossPolicy, RECOVERING, RecoverySpec, phase};
 use etcdfleet_api::{EtcdBackup, EtcdCluster};
-use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig};
+use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, MemberClient};
 use etcdfleet_controllers::etcdcluster::ReconcilerSettings;
+use etcdfleet_controllers::etcdcluster::context::Answer;
 use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_controllers::render::Names;
-use etcdfleet_tests::driver::{converge, fast_settings};
+use etcdfleet_tests::driver::{TestController, converge, fast_settings};
 use etcdfleet_tests::etcd_harness::{AckedWriter, EtcdVersion, require_etcd, verify_acknowledged};
 use etcdfleet_tests::fleet::Fleet;
 use etcdfleet_tests::s3::{CREDENTIALS, S3Server, back_up, put_credentials};
@@ -83,7 +84,7 @@ async fn client_facing(fleet: &Fleet) -> Result<(Secret, Service)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_whose_drill_did_not_fail_under_the_same_name_and_pki()
+async fn quorum_loss_of_every_member_restores_the_newest_backup_whose_drill_did_not_fail_as_a_new_identity_under_the_same_name_and_pki()
 -> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
@@ -125,6 +126,8 @@ async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_whose_drill
     fail_drill_of(&fleet, "newer").await?;
     ctl.reconcile(NS, "etcd-a").await?;
     let (pki_before, service_before) = client_facing(&fleet).await?;
+    let identity_before = identity(&fleet).await?;
+    remember_a_bootstrap_answer(&fleet, &ctl).await?;
     lose_every_member(&fleet).await?;
 
     let mut restarts = 0;
@@ -164,6 +167,16 @@ async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_whose_drill
     assert_eq!(pki_after.data, pki_before.data, "the PKI Secret changed");
     assert_eq!(pki_after.metadata.uid, pki_before.metadata.uid);
     assert_eq!(service_after.metadata.uid, service_before.metadata.uid);
+    // A new cluster id and new member ids: no member of the lost cluster,
+    // back on its old data, can be taken for one of the restored cluster.
+    let (cluster_id, members) = identity(&fleet).await?;
+    assert_ne!(cluster_id, identity_before.0, "the lost cluster's id");
+    for id in &members {
+        assert!(
+            !identity_before.1.contains(id),
+            "member id {id:x} of the lost cluster"
+        );
+    }
     let (endpoints, _) = etcd_of(&fleet, "a", "etcd-a", 3).await?;
     assert_old_client_reads(&report, &endpoints, &old_client).await?;
     put(&fleet, "a", "etcd-a", 3, "after-the-recovery").await?;
@@ -173,6 +186,51 @@ async fn quorum_loss_of_every_member_recovers_from_the_newest_backup_whose_drill
         backup_revision.context("the backup has no revision")?,
     )
     .await
+}
+
+/// What a controller kept before this fix when member 0 answered it while
+/// the cluster bootstrapped (a poll that found no quorum yet): its status,
+/// and a membership of itself alone. That answer outlived the loss of every
+/// member and stood in for a survivor ("etcd-a-etcd-0 answered, but its
+/// volume does not record it"), so the recovery from the backup never
+/// started, and the status listed one voter. An answer speaks only for the
+/// volume it was read over: once the claims are made again, it is dropped.
+async fn remember_a_bootstrap_answer(fleet: &Fleet, ctl: &TestController) -> Result<()> {
+    let (endpoints, config) = etcd_of(fleet, "a", "etcd-a", 1).await?;
+    let member = MemberClient::connect(&endpoints[0], &config).await?;
+    let status = member.status().await?;
+    let (_, listed) = member.local_members().await?;
+    let alone: Vec<_> = listed
+        .into_iter()
+        .filter(|m| m.id == status.member_id)
+        .collect();
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(fleet.workload_client("a"), WORKLOAD_NS)
+        .get("data-etcd-a-etcd-0")
+        .await?;
+    let answer = Answer {
+        status: status.clone(),
+        members: alone,
+        at: std::time::Instant::now(),
+        volume: pvc.metadata.uid,
+    };
+    let mut memory = ctl
+        .ctx
+        .recovery
+        .member_answers
+        .lock()
+        .expect("answer memory");
+    let kept = memory.entry(format!("{NS}/etcd-a")).or_default();
+    kept.insert(status.member_id, answer);
+    Ok(())
+}
+
+/// The cluster id and the member ids of `etcd-a`'s 3 members.
+async fn identity(fleet: &Fleet) -> Result<(u64, Vec<u64>)> {
+    let (endpoints, config) = etcd_of(fleet, "a", "etcd-a", 3).await?;
+    let client = ClusterClient::connect(&endpoints, &config).await?;
+    let (_, leader) = client.leader().await?;
+    let members = client.list_members().await?.iter().map(|m| m.id).collect();
+    Ok((leader.cluster_id, members))
 }
 
 async fn assert_old_client_reads(

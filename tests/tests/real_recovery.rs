@@ -14,7 +14,8 @@ use etcdfleet_api::recovery::{RECOVERING, phase};
 use etcdfleet_controllers::etcd::ClusterClient;
 use etcdfleet_controllers::etcdcluster::ReconcilerSettings;
 use etcdfleet_tests::control_plane::scenario::{
-    NS, cluster_manifest, converge_real, etcd_of, get, installed_world, put, read_everywhere,
+    NS, cluster_manifest, converge_real, etcd_of, get, installed_world, member_endpoint, put,
+    read_everywhere,
 };
 use etcdfleet_tests::control_plane::{KubeWorld, real_settings};
 use etcdfleet_tests::driver::{converge, no_hook};
@@ -147,9 +148,61 @@ const FROM_BACKUP: &str = "  clusterRef:
     lostAfterSeconds: 30
 ";
 
+/// Writes `probe/<n>` to each of the 3 members of `name` in turn, at the
+/// address its pod has at that moment, until `stop`: what a client that
+/// knows the members' addresses would do through a loss and a recovery.
+/// Returns each acknowledged key with the cluster id that acknowledged it.
+async fn probe_writes(
+    world: &KubeWorld,
+    name: &str,
+    config: &etcdfleet_controllers::etcd::EtcdConfig,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Vec<(String, u64)> {
+    let mut acked = Vec::new();
+    let mut n = 0u32;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for o in 0..3 {
+            n += 1;
+            let key = format!("probe/{n:05}");
+            let Ok(endpoint) = member_endpoint(world, "w1", name, o).await else {
+                continue;
+            };
+            let Ok(client) = ClusterClient::connect(std::slice::from_ref(&endpoint), config).await
+            else {
+                continue;
+            };
+            let mut kv = client.kv();
+            let put = kv.put(key.as_str(), "v", None);
+            if let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(1), put).await
+                && let Some(header) = resp.header()
+            {
+                acked.push((key, header.cluster_id()));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    acked
+}
+
+/// The cluster id and member ids of `name`'s 3 members.
+async fn identity(world: &KubeWorld, name: &str) -> Result<(u64, Vec<u64>)> {
+    let (endpoints, config) = etcd_of(world, "w1", name, 3).await?;
+    let client = ClusterClient::connect(&endpoints, &config).await?;
+    let (_, leader) = client.leader().await?;
+    let members = client.list_members().await?.iter().map(|m| m.id).collect();
+    Ok((leader.cluster_id, members))
+}
+
+/// Every member lost, with the real StatefulSet controller making their
+/// pods again on fresh claims at once: no member on an empty volume forms
+/// a cluster of its own, no answer its lost volume gave stands in for it,
+/// and the recovery from the backup starts and completes. A client writing
+/// to the members throughout has every acknowledged write taken by the
+/// restored cluster (a new cluster id and new member ids), and finds them
+/// all there afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn real_quorum_loss_of_every_member_recovers_from_the_backup_with_the_same_pki() -> Result<()>
-{
+async fn real_quorum_loss_of_every_member_on_fresh_claims_recovers_from_the_backup_as_a_new_cluster_with_the_same_pki()
+-> Result<()> {
     if require_etcd(EtcdVersion::V3_5).is_none() {
         return Ok(());
     }
@@ -193,16 +246,24 @@ async fn real_quorum_loss_of_every_member_recovers_from_the_backup_with_the_same
     put(&world, "w1", "depot", 3, "after-the-backup").await?;
     let pki = Api::<Secret>::namespaced(management.clone(), NS);
     let pki_before = pki.get("depot-etcd-pki").await?;
+    let (old_id, old_members) = identity(&world, "depot").await?;
 
     lose(&world, "depot", 0..3).await?;
-    let log = converge(
-        &mut ctl,
-        &[(NS, "depot")],
-        Duration::from_secs(300),
-        || async { Ok(()) },
-        no_hook,
-    )
-    .await?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let recovered = async {
+        let log = converge(
+            &mut ctl,
+            &[(NS, "depot")],
+            Duration::from_secs(300),
+            || async { Ok(()) },
+            no_hook,
+        )
+        .await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        log
+    };
+    let (log, probed) = tokio::join!(recovered, probe_writes(&world, "depot", &old_client, &stop));
+    let log = log?;
     let recovery = log.recovery_kinds();
     assert_eq!(
         recovery,
@@ -233,5 +294,32 @@ async fn real_quorum_loss_of_every_member_recovers_from_the_backup_with_the_same
     assert_eq!(record.kept_revision, backup_revision);
     let available = conditions::find(&status.conditions, AVAILABLE).context("no Available")?;
     assert_eq!(available.status, "True", "{available:?}");
+
+    // A new identity: no member of the lost cluster can pass for one of it.
+    let (new_id, new_members) = identity(&world, "depot").await?;
+    assert_ne!(new_id, old_id, "the restored cluster has the lost one's id");
+    for id in &new_members {
+        assert!(
+            !old_members.contains(id),
+            "member id {id:x} of the lost cluster"
+        );
+    }
+    // Every write a member acknowledged after the loss was the restored
+    // cluster's, and is there.
+    for (key, cluster) in &probed {
+        assert_eq!(
+            *cluster, new_id,
+            "{key} acknowledged by cluster {cluster:x}"
+        );
+        assert_eq!(
+            kv.get(key.as_str(), None).await?.kvs().len(),
+            1,
+            "{key} lost"
+        );
+    }
+    eprintln!(
+        "probe: {} writes acknowledged after the loss, all kept",
+        probed.len()
+    );
     Ok(())
 }

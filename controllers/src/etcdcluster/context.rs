@@ -93,16 +93,21 @@ impl ReconcilerSettings {
     }
 }
 
-/// A cluster's members' last answers without a quorum: member id → its
-/// `Status`, the membership in its own store, and when it answered.
-pub type Answers = std::collections::BTreeMap<
-    u64,
-    (
-        crate::etcd::MemberStatus,
-        Vec<crate::etcd::Member>,
-        std::time::Instant,
-    ),
->;
+/// A cluster's members' last answers without a quorum, by member id.
+pub type Answers = std::collections::BTreeMap<u64, Answer>;
+
+/// A member's last answer without a quorum.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub status: crate::etcd::MemberStatus,
+    /// The membership in its own store.
+    pub members: Vec<crate::etcd::Member>,
+    pub at: std::time::Instant,
+    /// The UID of the claim at its ordinal when it answered: the answer
+    /// speaks for the data on that volume, and for nothing once the claim
+    /// is gone or another.
+    pub volume: Option<String>,
+}
 
 /// Everything a reconcile needs, shared by all reconciles.
 pub struct Context {

@@ -289,6 +289,22 @@ fn recorded_values(cluster: &EtcdCluster) -> serde_json::Value {
         .unwrap_or_else(|| serde_json::json!({}))
 }
 
+/// The token member 0 bootstraps with while a recovery restores it from a
+/// backup (see [`crate::render::restored_cluster_token`]).
+fn restored_cluster_token(cluster: &EtcdCluster) -> Option<String> {
+    let status = cluster.status.as_ref()?;
+    let record =
+        (status.last_recovery.as_ref()).filter(|r| r.in_progress() && r.backup.is_some())?;
+    let started = record.started_time.as_ref().map(|t| t.0.to_string());
+    let recovery = format!("{}@{}", record.id, started.unwrap_or_default());
+    let uid = cluster.meta().uid.clone().unwrap_or_default();
+    Some(crate::render::restored_cluster_token(
+        &cluster.name_any(),
+        &uid,
+        &recovery,
+    ))
+}
+
 /// The render inputs of a resolved cluster.
 pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderInputs {
     let r = &resolution.spec;
@@ -322,8 +338,9 @@ pub fn render_inputs(cluster: &EtcdCluster, resolution: &Resolution) -> RenderIn
                 None => s.restore.clone(),
             }
         }),
-        // Read from the StatefulSet when one is rewritten (`act`).
-        initial_cluster_token: None,
+        // Read from the StatefulSet when one is rewritten (`act`); a
+        // restore by a recovery starts a cluster of its own token.
+        initial_cluster_token: restored_cluster_token(cluster),
         ca_roll_stamp: etcdfleet_api::ca_rotation::roll_stamp(rotation),
         publish_ca_bundle: rotation.is_some(),
         force_new_cluster: None,

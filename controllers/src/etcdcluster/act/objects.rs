@@ -190,7 +190,7 @@ pub(super) async fn write_statefulset_at(on: &Target<'_>, replicas: u32) -> Resu
     // The members keep the token they were bootstrapped with (etcd
     // ignores it on a data directory, but the template stays true).
     let inputs = &RenderInputs {
-        initial_cluster_token: kept_token(observed),
+        initial_cluster_token: kept_token(observed, on.inputs),
         ..on.inputs.clone()
     };
     let api = on.api::<StatefulSet>();
@@ -204,8 +204,8 @@ pub(super) async fn write_statefulset_at(on: &Target<'_>, replicas: u32) -> Resu
 
 /// The `--initial-cluster-token` the members run with: the StatefulSet's,
 /// or its running pods' when it was deleted around them (a volume growth
-/// re-creates it so).
-fn kept_token(observed: &Observed) -> Option<String> {
+/// re-creates it so); without either, the one the inputs bootstrap with.
+fn kept_token(observed: &Observed, inputs: &RenderInputs) -> Option<String> {
     let from_pods = || {
         let mut pods = observed.pods.values().filter_map(|p| p.spec.as_ref());
         pods.find_map(render::pod_cluster_token)
@@ -213,6 +213,7 @@ fn kept_token(observed: &Observed) -> Option<String> {
     (observed.statefulset.as_ref())
         .and_then(render::statefulset_cluster_token)
         .or_else(from_pods)
+        .or_else(|| inputs.initial_cluster_token.clone())
 }
 
 /// Creates the members ConfigMap (if missing), the restore credentials of a
@@ -221,7 +222,7 @@ fn kept_token(observed: &Observed) -> Option<String> {
 pub(super) async fn bootstrap(on: &Target<'_>, replicas: u32) -> Result<()> {
     let (cluster, ctx, names) = (on.cluster, on.ctx, on.names());
     let inputs = &RenderInputs {
-        initial_cluster_token: kept_token(on.observed),
+        initial_cluster_token: kept_token(on.observed, on.inputs),
         ..on.inputs.clone()
     };
     let err = |e| on.err(e);

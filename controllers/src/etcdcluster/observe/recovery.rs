@@ -17,15 +17,17 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 
-use super::super::context::{Answers, Context};
+use super::super::context::{Answer, Answers, Context};
 use super::super::plan::observation::RecoveryObservation;
 use super::history::down_since;
 use crate::connector::WorkloadCluster;
 use crate::etcd::{ClusterHealth, EtcdConfig, MemberClient, MemberObservation};
 use crate::recovery::backup;
+use crate::render::Names;
 
 /// Where the members are reached, and how.
 pub struct Members<'a> {
+    pub names: &'a Names,
     pub health: Option<&'a ClusterHealth>,
     /// Client URLs of the member pods.
     pub endpoints: &'a [String],
@@ -46,13 +48,16 @@ pub async fn read(
     let health = members.health;
     let record = status.last_recovery.clone();
     let now = Timestamp::now();
+    // A cluster that never listed a voter is bootstrapping: it has no
+    // quorum to lose, and what its first member says then is no survivor's.
     let could_start = policy.quorum_loss != QuorumLossPolicy::Manual
         && !record.as_ref().is_some_and(|r| r.in_progress())
-        && health.is_none_or(|h| !h.has_quorum());
+        && health.is_none_or(|h| !h.has_quorum())
+        && !recorded_voters(status).is_empty();
     let (nodes, local_view, pinned) = match could_start {
         true => (
             Some(read_nodes(workload).await),
-            Some(local_view(key, members.endpoints, members.config, ctx).await),
+            Some(local_view(key, status, &members, ctx).await),
             Some(read_pinned(workload, members.pvcs).await),
         ),
         false => (None, None, None),
@@ -150,42 +155,93 @@ pub const ANSWER_KEPT: Duration = Duration::from_secs(600);
 /// The members as the member with the most applied entries lists them in
 /// its own store, each with its `Status` if it answered now or within
 /// [`ANSWER_KEPT`] (none is healthy: there is no quorum to be healthy
-/// with). `Err` says why no member answers.
+/// with). `Err` says why no member answers. Only members the status
+/// records answer for the cluster (a stranger at a member's address, a
+/// cluster of its own on an empty volume, is none of its members), and a
+/// kept answer stands only while the claim it was read over is the one at
+/// that ordinal (a member whose volume was lost and made again answers
+/// for nothing it said before).
 async fn local_view(
     key: &str,
-    endpoints: &[String],
-    config: &EtcdConfig,
+    status: &EtcdClusterStatus,
+    members: &Members<'_>,
     ctx: &Context,
 ) -> Result<ClusterHealth, String> {
-    let asked = futures::future::join_all(endpoints.iter().map(|url| async move {
-        let member = MemberClient::connect(url, config).await?;
+    let asked = futures::future::join_all(members.endpoints.iter().map(|url| async move {
+        let member = MemberClient::connect(url, members.config).await?;
         let status = member.status().await?;
-        let (_, members) = member.local_members().await?;
-        Ok::<_, crate::etcd::EtcdError>((status, members))
+        let (_, listed) = member.local_members().await?;
+        Ok::<_, crate::etcd::EtcdError>((status, listed))
     }))
     .await;
     let now = Instant::now();
+    let recorded: BTreeMap<u64, String> = (recorded_voters(status).into_iter())
+        .map(|(name, id)| (id, name))
+        .collect();
+    let volumes: BTreeMap<u64, String> = (recorded.iter())
+        .filter_map(|(id, name)| {
+            let pvc = members.pvcs.get(&members.names.ordinal_of(name)?)?;
+            Some((*id, pvc.metadata.uid.clone()?))
+        })
+        .collect();
+    let answers = members.endpoints.iter().cloned().zip(asked);
     let mut remembered = ctx.recovery.member_answers.lock().expect("answer memory");
     let kept = remembered.entry(key.to_string()).or_default();
+    let errors = remember(kept, answers, &volumes, now);
+    view_of(kept, now).ok_or_else(|| errors.join("; "))
+}
+
+/// Keeps each answer of a member the status records (`volumes`: its id →
+/// the UID of the claim at its ordinal now), then forgets every answer
+/// older than [`ANSWER_KEPT`] or read over another claim than the one at
+/// that member's ordinal now. Says why each member that did not count did
+/// not.
+fn remember(
+    kept: &mut Answers,
+    answers: impl Iterator<Item = (String, AnswerRead)>,
+    volumes: &BTreeMap<u64, String>,
+    now: Instant,
+) -> Vec<String> {
     let mut errors = Vec::new();
-    for (url, answer) in endpoints.iter().zip(asked) {
+    for (url, answer) in answers {
         match answer {
-            Ok((status, members)) => {
-                kept.insert(status.member_id, (status, members, now));
+            Ok((s, _)) if !volumes.contains_key(&s.member_id) => errors.push(format!(
+                "{url}: member {:x} answered, but it is none of the members the status \
+                 records with a volume",
+                s.member_id
+            )),
+            Ok((status, listed)) => {
+                let volume = volumes.get(&status.member_id).cloned();
+                let answer = Answer {
+                    status,
+                    members: listed,
+                    at: now,
+                    volume,
+                };
+                kept.insert(answer.status.member_id, answer);
             }
             Err(e) => errors.push(format!("{url}: {e}")),
         }
     }
-    kept.retain(|_, (_, _, at)| now.duration_since(*at) < ANSWER_KEPT);
-    view_of(kept, now).ok_or_else(|| errors.join("; "))
+    kept.retain(|id, a| {
+        now.duration_since(a.at) < ANSWER_KEPT
+            && a.volume.is_some()
+            && a.volume.as_ref() == volumes.get(id)
+    });
+    errors
 }
+
+/// A member's answer to `status` and its own member list.
+type AnswerRead =
+    Result<(crate::etcd::MemberStatus, Vec<crate::etcd::Member>), crate::etcd::EtcdError>;
 
 /// The view of the member with the most applied entries (see [`local_view`]).
 fn view_of(answers: &Answers, now: Instant) -> Option<ClusterHealth> {
-    let (_, membership, _) = answers
+    let newest = answers
         .values()
-        .max_by_key(|(s, _, _)| (s.raft_applied_index, s.raft_term))?;
-    let observations = membership
+        .max_by_key(|a| (a.status.raft_applied_index, a.status.raft_term))?;
+    let observations = newest
+        .members
         .iter()
         .map(|m| {
             let answer = answers.get(&m.id);
@@ -194,13 +250,13 @@ fn view_of(answers: &Answers, now: Instant) -> Option<ClusterHealth> {
                 healthy: false,
                 error: Some(
                     match answer {
-                        Some((_, _, at)) if *at == now => "answers, but the cluster has no quorum",
+                        Some(a) if a.at == now => "answers, but the cluster has no quorum",
                         Some(_) => "answered lately, but the cluster has no quorum",
                         None => "does not answer",
                     }
                     .to_string(),
                 ),
-                status: answer.map(|(s, _, _)| s.clone()),
+                status: answer.map(|a| a.status.clone()),
             }
         })
         .collect();
@@ -382,5 +438,79 @@ mod tests {
         // release): no clock at all.
         status.no_member_answers_since = None;
         assert!(recorded_down_since(&status, lost_after, now).is_empty());
+    }
+
+    fn answered(id: u64) -> AnswerRead {
+        let status = crate::etcd::MemberStatus {
+            member_id: id,
+            cluster_id: 1,
+            version: "3.5.1".into(),
+            leader: 0,
+            raft_index: 50,
+            raft_term: 2,
+            raft_applied_index: 50,
+            revision: 40,
+            db_size: 1,
+            db_size_in_use: 1,
+            is_learner: false,
+            errors: vec![],
+            storage_version: String::new(),
+            downgrade_target: None,
+        };
+        let me = crate::etcd::Member {
+            id,
+            name: format!("c-etcd-{}", id - 10),
+            peer_urls: vec![],
+            client_urls: vec![],
+            is_learner: false,
+        };
+        Ok((status, vec![me]))
+    }
+
+    #[test]
+    fn an_answer_stands_for_its_member_only_over_the_claim_it_was_read_over_and_strangers_none() {
+        let now = Instant::now();
+        let mut kept = Answers::new();
+        let volumes = BTreeMap::from([(10, "uid-a".to_string()), (11, "uid-b".to_string())]);
+        let errors = remember(
+            &mut kept,
+            [
+                ("m0".to_string(), answered(10)),
+                ("m2".to_string(), answered(99)),
+            ]
+            .into_iter(),
+            &volumes,
+            now,
+        );
+        assert_eq!(kept.keys().copied().collect::<Vec<_>>(), [10]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("member 63 answered, but it is none"),
+            "{errors:?}"
+        );
+        assert!(view_of(&kept, now).is_some());
+        // Member 10's volume was lost and its claim made again: what it said
+        // over the old claim says nothing now, and nobody answers.
+        let remade = BTreeMap::from([(10, "uid-new".to_string()), (11, "uid-b".to_string())]);
+        let later = now + Duration::from_secs(1);
+        remember(&mut kept, std::iter::empty(), &remade, later);
+        assert!(kept.is_empty());
+        assert!(view_of(&kept, later).is_none());
+        // An answer over the same claim is kept for ANSWER_KEPT, not longer.
+        remember(
+            &mut kept,
+            [("m0".to_string(), answered(10))].into_iter(),
+            &volumes,
+            now,
+        );
+        remember(
+            &mut kept,
+            std::iter::empty(),
+            &volumes,
+            now + ANSWER_KEPT / 2,
+        );
+        assert_eq!(kept.len(), 1);
+        remember(&mut kept, std::iter::empty(), &volumes, now + ANSWER_KEPT);
+        assert!(kept.is_empty());
     }
 }
