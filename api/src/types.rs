@@ -602,6 +602,10 @@ pub struct AppliedTemplate {
     /// Spec fields (JSON paths such as `spec.storage.size`) written from templates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub materialized_fields: Vec<String>,
+    /// Template values a rebase did not carry into the spec, each with why
+    /// (a volume size smaller than the volumes have: they never shrink).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_carried: Vec<String>,
     /// When the template values were written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_at: Option<Time>,

@@ -736,3 +736,239 @@ async fn storage_class_that_cannot_provision_holds_the_move_naming_the_class_and
     );
     Ok(())
 }
+
+/// A one-member cluster of `ClusterEtcdTemplate` `sized` (`size` volumes of
+/// the expandable class, created first).
+async fn from_sized_template(fleet: &Fleet, size: &str) -> Result<TestController> {
+    use etcdfleet_api::{
+        ClusterEtcdTemplate, ClusterRef, EtcdCluster, EtcdClusterSpec, EtcdConfig, TemplateKind,
+        TemplateRef,
+    };
+    let templates: Api<ClusterEtcdTemplate> = Api::all(fleet.management_direct());
+    templates
+        .create(&PostParams::default(), &sized_template(size))
+        .await?;
+    let mut c = EtcdCluster::new(
+        "etcd-a",
+        EtcdClusterSpec {
+            cluster_ref: Some(ClusterRef { name: "a".into() }),
+            template_ref: Some(TemplateRef {
+                kind: TemplateKind::ClusterEtcdTemplate,
+                name: "sized".into(),
+            }),
+            config: EtcdConfig {
+                etcd: Some(fast_raft()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    c.metadata.namespace = Some(NS.into());
+    create(fleet, &c).await?;
+    let mut ctl = controller(fleet);
+    converge_all(fleet, &mut ctl, &["etcd-a"]).await?;
+    Ok(ctl)
+}
+
+fn sized_template(size: &str) -> etcdfleet_api::ClusterEtcdTemplate {
+    etcdfleet_api::ClusterEtcdTemplate::new(
+        "sized",
+        etcdfleet_api::ClusterEtcdTemplateSpec {
+            description: None,
+            config: etcdfleet_api::EtcdConfig {
+                version: Some("3.5.1".into()),
+                replicas: Some(1),
+                storage: Some(StorageSpec {
+                    storage_class_name: Some("expandable".into()),
+                    size: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                        size.into(),
+                    )),
+                }),
+                ..Default::default()
+            },
+        },
+    )
+}
+
+/// (requested, capacity) of the one member's claim.
+async fn claim_of_member_0(fleet: &Fleet) -> Result<(String, String)> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(fleet.workload_client("a"), WORKLOAD_NS);
+    let pvc = api.get(&format!("data-{STS}-0")).await?;
+    let requested = (pvc
+        .spec
+        .and_then(|s| s.resources?.requests?.get("storage").cloned()))
+    .context("no request")?;
+    let capacity =
+        (pvc.status.and_then(|s| s.capacity?.get("storage").cloned())).context("no capacity")?;
+    Ok((requested.0, capacity.0))
+}
+
+/// The template `sized` now gives `size`, and `etcd-a` is rebased onto it.
+async fn rebase_onto(fleet: &Fleet, ctl: &mut TestController, size: &str) -> Result<ConvergeLog> {
+    use etcdfleet_api::ClusterEtcdTemplate;
+    use etcdfleet_controllers::etcdcluster::resolve::REBASE_ANNOTATION;
+    use kube::api::{Patch, PatchParams};
+    let templates: Api<ClusterEtcdTemplate> = Api::all(fleet.management_direct());
+    let mut edited = templates.get("sized").await?;
+    edited.spec = sized_template(size).spec;
+    templates
+        .replace("sized", &PostParams::default(), &edited)
+        .await?;
+    let rebase =
+        serde_json::json!({ "metadata": { "annotations": { REBASE_ANNOTATION: "true" } } });
+    Api::<etcdfleet_api::EtcdCluster>::namespaced(fleet.management_direct(), NS)
+        .patch("etcd-a", &PatchParams::default(), &Patch::Merge(&rebase))
+        .await?;
+    converge_all(fleet, ctl, &["etcd-a"]).await
+}
+
+/// A rebase carries storage like every other field: the template's larger
+/// size grows the volume through the storage rules, as an edit of the spec
+/// would; its smaller size is not carried (volumes never shrink), and
+/// `TemplateResolved` names the field and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rebase_after_a_templates_storage_growth_grows_the_volumes_and_a_shrink_is_not_carried()
+-> Result<()> {
+    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
+    let fleet = Fleet::new(&["a"]).await?;
+    grant_cluster_reads(&fleet)?;
+    storage_class(&fleet, "expandable", true).await?;
+    let mut ctl = from_sized_template(&fleet, "1Gi").await?;
+    assert_eq!(
+        claim_of_member_0(&fleet).await?,
+        ("1Gi".into(), "1Gi".into())
+    );
+
+    let log = rebase_onto(&fleet, &mut ctl, "2Gi").await?;
+    assert_eq!(
+        storage_kinds(&log),
+        ["ExpandVolume", "RecreateStatefulSet", "RestartMember"],
+        "{:?}",
+        log.steps
+    );
+    let cluster = get(&fleet, "etcd-a").await?;
+    let size = (cluster.spec.config.storage.as_ref()).and_then(|s| s.size.clone());
+    assert_eq!(size.map(|q| q.0).as_deref(), Some("2Gi"));
+    assert_eq!(
+        claim_of_member_0(&fleet).await?,
+        ("2Gi".into(), "2Gi".into())
+    );
+    let status = cluster.status.context("no status")?;
+    let resolved = conditions::find(&status.conditions, conditions::TEMPLATE_RESOLVED)
+        .context("no TemplateResolved")?;
+    assert_eq!(resolved.reason, "Resolved", "{resolved:?}");
+
+    let log = rebase_onto(&fleet, &mut ctl, "512Mi").await?;
+    assert_eq!(storage_kinds(&log), Vec::<&str>::new(), "{:?}", log.steps);
+    let cluster = get(&fleet, "etcd-a").await?;
+    let size = (cluster.spec.config.storage.as_ref()).and_then(|s| s.size.clone());
+    assert_eq!(size.map(|q| q.0).as_deref(), Some("2Gi"), "not carried");
+    let status = cluster.status.context("no status")?;
+    let resolved = conditions::find(&status.conditions, conditions::TEMPLATE_RESOLVED)
+        .context("no TemplateResolved")?;
+    assert_eq!(
+        (resolved.status.as_str(), resolved.reason.as_str()),
+        ("True", "NotCarried")
+    );
+    assert!(
+        resolved
+            .message
+            .contains("spec.storage.size stays 2Gi: the template's 512Mi is smaller"),
+        "{resolved:?}"
+    );
+    let not_carried = status.template.map(|t| t.not_carried).unwrap_or_default();
+    assert_eq!(not_carried.len(), 1, "{not_carried:?}");
+    assert!(!conditions::is_true(
+        &status.conditions,
+        conditions::CONFLICT
+    ));
+    assert_eq!(
+        claim_of_member_0(&fleet).await?,
+        ("2Gi".into(), "2Gi".into())
+    );
+    Ok(())
+}
+
+/// Makes `name` a Ready Node of workload `a`.
+async fn ready_node(fleet: &Fleet, name: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+    let node: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+    let nodes = Api::<Node>::all(fleet.workload_client("a"));
+    nodes.create(&PostParams::default(), &node).await?;
+    let ready =
+        serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
+        .await?;
+    Ok(())
+}
+
+/// A move adds its spare before it removes anyone; where the pods require a
+/// node each (as `ha-3` sets) and the workload cluster has no node more
+/// than members, the spare could never run: the move is refused up front,
+/// nothing is written, and the condition names the spare and the Nodes.
+/// Once a fourth node is there, the move starts and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storage_class_move_with_no_spare_node_is_refused_up_front_until_one_is_added() -> Result<()>
+{
+    require_etcd(EtcdVersion::V3_5).context("etcd 3.5 is needed")?;
+    let fleet = Fleet::new(&["a"]).await?;
+    grant_cluster_reads(&fleet)?;
+    storage_class(&fleet, "old", false).await?;
+    storage_class(&fleet, "new", false).await?;
+    for node in ["n1", "n2", "n3"] {
+        ready_node(&fleet, node).await?;
+    }
+    let mut c = cluster("etcd-a", "a", 3, "3.5.1");
+    c.spec.config.storage = Some(StorageSpec {
+        storage_class_name: Some("old".into()),
+        size: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            "1Gi".into(),
+        )),
+    });
+    c.spec.config.pod_template = Some(serde_json::from_value(serde_json::json!({
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "etcd"}},
+        }]}}
+    }))?);
+    create(&fleet, &c).await?;
+    let mut ctl = controller(&fleet);
+    converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+
+    patch_spec(
+        &fleet,
+        "etcd-a",
+        serde_json::json!({"storage": {"storageClassName": "new"}}),
+    )
+    .await?;
+    let (reason, message) = refused_with_nothing_written(&fleet, &mut ctl).await?;
+    assert_eq!(reason, "StorageMoveNeedsSpareNode");
+    for words in [
+        "a spare member (etcd-a-etcd-3)",
+        "3 of the workload cluster's Nodes can run a member (n1, n2, n3), and 4 members need 4",
+        "Add a node",
+    ] {
+        assert!(message.contains(words), "{words}: {message}");
+    }
+    let old = |o: u32| (format!("data-{STS}-{o}"), "old".to_string());
+    assert_eq!(claim_classes(&fleet).await?, vec![old(0), old(1), old(2)]);
+
+    ready_node(&fleet, "n4").await?;
+    let log = converge_all(&fleet, &mut ctl, &["etcd-a"]).await?;
+    assert_eq!(
+        storage_kinds(&log).first(),
+        Some(&"RecreateStatefulSet"),
+        "{:?}",
+        log.steps
+    );
+    let new = |o: u32| (format!("data-{STS}-{o}"), "new".to_string());
+    assert_eq!(claim_classes(&fleet).await?, vec![new(0), new(1), new(2)]);
+    let status = get(&fleet, "etcd-a").await?.status.context("no status")?;
+    assert!(!conditions::is_true(
+        &status.conditions,
+        conditions::CONFLICT
+    ));
+    Ok(())
+}

@@ -247,12 +247,20 @@ async fn materialize(
         Ok(r) => r,
         Err(e) => return Ok(Err(e)),
     };
-    let values = etcdfleet_api::template::materialize(&spec, &resolution);
+    let mut values = etcdfleet_api::template::materialize(&spec, &resolution);
+    let not_carried = match rebase {
+        true => keep_storage(cluster.spec.config.storage.as_ref(), &spec, &mut values),
+        false => Vec::new(),
+    };
     let recorded = write_materialized(cluster, object, &values, rebase).await?;
     spec.config = merge_config(&spec.config, &values).map_err(Error::Invalid)?;
+    let mut record = applied_template(ct.as_ref(), t.as_ref(), &resolution);
+    if let Some(r) = record.as_mut() {
+        r.not_carried = not_carried;
+    }
     Ok(Ok(Materialized {
         spec,
-        record: applied_template(ct.as_ref(), t.as_ref(), &resolution),
+        record,
         recorded,
     }))
 }
@@ -276,6 +284,7 @@ pub fn applied_template(
         base: base.map(|b| b.name_any()),
         base_generation: base.and_then(|b| b.meta().generation),
         materialized_fields: resolution.template_supplied_paths(),
+        not_carried: Vec::new(),
         applied_at: Some(now()),
     })
 }
@@ -452,11 +461,66 @@ fn rebased_spec(cluster: &EtcdCluster) -> Result<EtcdClusterSpec, ResolveError> 
     };
     let mut current = serde_json::to_value(&spec.config).map_err(invalid)?;
     clear_matching(&mut current, &previous);
-    let storage = spec.config.storage.take();
     spec.config = serde_json::from_value(current).map_err(invalid)?;
-    // Storage is immutable once set (the CRD enforces it): a rebase never moves it.
-    spec.config.storage = storage;
     Ok(spec)
+}
+
+/// A rebase carries storage like every other field: a larger size grows the
+/// volumes and another class moves them (the storage rules do both), but a
+/// size below the one set, or a field the template no longer gives (the API
+/// keeps a size and a class once set), is not carried: the value set stays
+/// in `values`, and the returned lines say which and why, for
+/// `status.template.notCarried` and the `TemplateResolved` condition.
+fn keep_storage(
+    before: Option<&StorageSpec>,
+    rebased: &EtcdClusterSpec,
+    values: &mut EtcdConfig,
+) -> Vec<String> {
+    let Some(before) = before else {
+        return Vec::new();
+    };
+    let kept = rebased.config.storage.clone().unwrap_or_default();
+    let mut supplied = values.storage.clone().unwrap_or_default();
+    let mut notes = Vec::new();
+    if let Some(set) = &before.size {
+        match kept.size.as_ref().or(supplied.size.as_ref()) {
+            None => notes.push(format!(
+                "spec.storage.size stays {}: the template gives none, and a size once set \
+                 stays",
+                set.0
+            )),
+            Some(new) if smaller(&new.0, &set.0) => notes.push(format!(
+                "spec.storage.size stays {}: the template's {} is smaller, and volumes never \
+                 shrink",
+                set.0, new.0
+            )),
+            Some(_) => {}
+        }
+        if !notes.is_empty() && kept.size.is_none() {
+            supplied.size = Some(set.clone());
+        }
+    }
+    if let Some(class) = &before.storage_class_name
+        && kept.storage_class_name.is_none()
+        && supplied.storage_class_name.is_none()
+    {
+        notes.push(format!(
+            "spec.storage.storageClassName stays {class}: the template names none, and a \
+             class once set stays"
+        ));
+        supplied.storage_class_name = Some(class.clone());
+    }
+    if !notes.is_empty() {
+        values.storage = Some(supplied);
+    }
+    notes
+}
+
+/// `a < b` as byte counts (an unreadable quantity compares as not smaller:
+/// the storage rules refuse it with their own reason).
+fn smaller(a: &str, b: &str) -> bool {
+    use etcdfleet_api::quantity::bytes;
+    matches!((bytes(a), bytes(b)), (Ok(a), Ok(b)) if a < b)
 }
 
 /// Removes from `current` every leaf equal to the same leaf in `previous`.
@@ -539,11 +603,7 @@ async fn write_materialized(
         .unwrap_or_else(|| serde_json::json!({}));
     let values_json = to_json(values).map_err(Error::Invalid)?;
     let mut recorded = if rebase {
-        // Storage is never rebased (immutable once set): it stays recorded.
-        match previous.get("storage") {
-            Some(storage) => serde_json::json!({ "storage": storage }),
-            None => serde_json::json!({}),
-        }
+        serde_json::json!({})
     } else {
         previous
     };
@@ -552,8 +612,9 @@ async fn write_materialized(
     // a field it applied before and omits now is REMOVED. So every apply
     // carries the whole set the controller owns: what it wrote before plus
     // the new values (a second pass must not drop the first pass's fields);
-    // on a rebase, the rebased values (plus the immutable storage), so the
-    // values the template no longer supplies are removed and nothing else.
+    // on a rebase, the rebased values, so the values the template no longer
+    // supplies are removed and nothing else (storage keeps what it must:
+    // `keep_storage` put it back in `values`).
     // Fields the user edited since are owned by the user's manager and stay:
     // what was written before is applied with its CURRENT value, so the
     // (forced) apply never overwrites such an edit.
@@ -563,9 +624,6 @@ async fn write_materialized(
     } else {
         pick(&current, &recorded)
     };
-    if rebase && let Some(storage) = current.get("storage") {
-        spec["storage"] = storage.clone();
-    }
     merge_json(&mut spec, &values_json);
     object.apply_spec(spec).await?;
     // Bookkeeping annotations by merge patch (null deletes the rebase request).

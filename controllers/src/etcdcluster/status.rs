@@ -362,16 +362,30 @@ impl Builder {
     }
 
     fn template_resolved(&mut self) {
-        let message = match &self.new.template {
-            Some(t) => format!(
-                "spec is complete; defaults were taken from {} {} (generation {})",
-                t.kind,
-                t.name,
-                t.generation.unwrap_or_default()
+        let (reason, message) = match &self.new.template {
+            Some(t) if !t.not_carried.is_empty() => (
+                "NotCarried",
+                format!(
+                    "spec is complete; defaults were taken from {} {} (generation {}), but \
+                     the rebase did not carry: {}",
+                    t.kind,
+                    t.name,
+                    t.generation.unwrap_or_default(),
+                    t.not_carried.join("; ")
+                ),
             ),
-            None => "spec is complete".to_string(),
+            Some(t) => (
+                "Resolved",
+                format!(
+                    "spec is complete; defaults were taken from {} {} (generation {})",
+                    t.kind,
+                    t.name,
+                    t.generation.unwrap_or_default()
+                ),
+            ),
+            None => ("Resolved", "spec is complete".to_string()),
         };
-        self.set(TEMPLATE_RESOLVED, true, "Resolved", message);
+        self.set(TEMPLATE_RESOLVED, true, reason, message);
     }
 
     fn version_accepted(&mut self, change: &VersionChange) {

@@ -28,6 +28,7 @@ pub mod objects;
 pub mod pki;
 pub mod recovery;
 pub mod restore;
+pub mod spare_nodes;
 pub mod storage;
 pub mod version;
 pub mod volumes;

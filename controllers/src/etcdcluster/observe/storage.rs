@@ -16,7 +16,9 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use super::super::context::ReconcilerSettings;
-use super::super::plan::observation::{ClaimSize, Expansion, StorageObservation, TargetClass};
+use super::super::plan::observation::{
+    ClaimSize, Expansion, SpareNodes, StorageObservation, TargetClass,
+};
 use crate::connector::WorkloadCluster;
 use crate::render::{self, RenderInputs};
 
@@ -126,6 +128,11 @@ pub async fn read(
         }
         _ => TargetClass::NotRead,
     };
+    let spare_nodes =
+        match target == TargetClass::Exists && super::spare_nodes::one_node_each(&inputs.pod) {
+            true => super::spare_nodes::read(workload, &inputs.pod).await,
+            false => SpareNodes::NotRead,
+        };
     let storage = StorageObservation {
         size: inputs.storage_size.clone(),
         class: inputs.storage_class.clone(),
@@ -133,6 +140,7 @@ pub async fn read(
         expansion,
         target,
         spare: None,
+        spare_nodes,
     };
     (claims, storage)
 }

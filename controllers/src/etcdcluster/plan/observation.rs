@@ -344,6 +344,21 @@ pub struct StorageObservation {
     /// spare member the move adds (the spec's size): set by the planner,
     /// which counts the spare in the desired size meanwhile.
     pub spare: Option<u32>,
+    /// The Nodes a spare member could run on, read only when a move is to
+    /// start and the pods require a node each.
+    pub spare_nodes: SpareNodes,
+}
+
+/// The Nodes a move's spare member could run on (`observe::spare_nodes`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SpareNodes {
+    /// Not read: no move is to start, or the pods may share a node.
+    #[default]
+    NotRead,
+    /// The names of the Nodes a member pod could be placed on.
+    Known { eligible: Vec<String> },
+    /// They could not be read (the optional cluster reads are not granted).
+    Unreadable(String),
 }
 
 /// The StorageClass a move goes to, as read.

@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 
 use super::super::members::Members;
-use super::super::observation::{EtcdObservation, Observation, TargetClass};
+use super::super::observation::{EtcdObservation, Observation, SpareNodes, TargetClass};
 use super::super::step::{Plan, Refusal, RemovalCause, Step, StorageStep};
 use super::overlap::Overlap;
 
@@ -93,8 +93,37 @@ pub(super) fn refused(obs: &Observation) -> Option<Plan> {
             "StorageClassUnreadable",
             format!("that StorageClass could not be read ({e})"),
         ),
-        _ => None,
+        _ => no_spare_node(obs).and_then(|why| refuse("StorageMoveNeedsSpareNode", why)),
     }
+}
+
+/// Why a move cannot add its spare member: the pods require a node each,
+/// and the Nodes a member could run on are no more than the members. The
+/// move adds the spare before it removes anyone, so that the voters never
+/// drop below the spec's size; without a node for it, it would wait for
+/// ever. (Nodes that cannot be read are not checked here.)
+fn no_spare_node(obs: &Observation) -> Option<String> {
+    let SpareNodes::Known { eligible } = &obs.storage.spare_nodes else {
+        return None;
+    };
+    let members = obs.desired_replicas;
+    (eligible.len() as u32 <= members).then(|| {
+        format!(
+            "the move adds a spare member ({}) before it removes one, and the pods require a \
+             node each (pod anti-affinity on kubernetes.io/hostname): {} of the workload \
+             cluster's Nodes can run a member ({}), and {} members need {}. Add a node that \
+             can run a member, then the move starts",
+            obs.names.pod(members),
+            eligible.len(),
+            if eligible.is_empty() {
+                "none".to_string()
+            } else {
+                eligible.join(", ")
+            },
+            members + 1,
+            members + 1
+        )
+    })
 }
 
 /// Rule: while a move is pending or under way, a volume on the new class
