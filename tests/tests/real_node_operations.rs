@@ -17,6 +17,7 @@ use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig, MemberClient};
 use etcdfleet_controllers::etcdcluster::plan::{RemovalCause, Step};
 use etcdfleet_controllers::render::Names;
 use etcdfleet_tests::control_plane::KubeWorld;
+use etcdfleet_tests::control_plane::readiness::ReadySampler;
 use etcdfleet_tests::control_plane::scenario::{
     NS, cluster_yaml, converge_real, etcd_of, in_real_world, member_pods, node_of, patch_spec, put,
     read_everywhere, wait_available, wait_ready_members,
@@ -200,7 +201,7 @@ async fn replace_the_member_of_a_stopped_node(
 }
 
 #[test]
-fn real_node_rolling_upgrade_under_a_writer_loses_no_acknowledged_write() {
+fn real_node_rolling_upgrade_keeps_all_members_but_one_ready_and_loses_no_acknowledged_write() {
     in_real_world(async |world| {
         let Some((old, new)) = require_both(EtcdVersion::V3_5Latest, EtcdVersion::V3_6) else {
             bail!("etcd 3.5 and 3.6 (hack/upstream) are needed");
@@ -217,6 +218,8 @@ fn real_node_rolling_upgrade_under_a_writer_loses_no_acknowledged_write() {
                 .collect(),
             "upgrade",
         );
+        let client = world.workload("w1").admin_client().await?;
+        let sampler = ReadySampler::start(client, WORKLOAD_NS, "shop", 3);
         patch_spec(world, "shop", json!({ "version": new.release }))?;
         let started = std::time::Instant::now();
         let follow = || async {
@@ -252,6 +255,14 @@ fn real_node_rolling_upgrade_under_a_writer_loses_no_acknowledged_write() {
         );
         wait_ready_members(world, "shop", 3)?;
         let took = started.elapsed();
+        let sampled = sampler.stop().await?;
+        ensure!(
+            sampled.most.len() <= 1 && sampled.samples > 50,
+            "members not Ready at once during the roll ({} samples), at {:?}: {:?}",
+            sampled.samples,
+            sampled.most_at,
+            sampled.most
+        );
         let report = writer.stop().await?;
         let (endpoints, config) = etcd_of(world, "w1", "shop", 3).await?;
         let checked = verify_acknowledged(&report, &endpoints, &config, "upgrade").await?;

@@ -33,6 +33,7 @@ pub mod conditions;
 mod management;
 mod nodes;
 mod plane;
+pub mod readiness;
 pub mod readme;
 mod real_world;
 pub mod rollouts;

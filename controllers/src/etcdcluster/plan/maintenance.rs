@@ -41,7 +41,8 @@ pub(super) fn alarms(m: &Members) -> Option<Plan> {
 }
 
 /// Rule: defragment members whose database is mostly free pages, one at a
-/// time, followers first and the leader last, only in a healthy cluster.
+/// time, followers first and the leader last, only in a healthy cluster
+/// whose other members' pods are Ready.
 pub(super) fn defragment(m: &Members) -> Option<Plan> {
     let health = m.health;
     if !health.members().iter().all(|mo| mo.healthy) {
@@ -64,6 +65,15 @@ pub(super) fn defragment(m: &Members) -> Option<Plan> {
         .collect();
     fragmented.sort();
     let &(_, ordinal, member_id) = fragmented.first()?;
+    // A defragmentation blocks its member: not while another member's pod
+    // is not Ready yet (clients would lose two at once).
+    if let Some(o) = m.unready_voter().filter(|o| *o != ordinal) {
+        return Some(Plan::Wait(format!(
+            "defragmenting {} waits: the kubelet does not report pod {} Ready yet",
+            m.obs.names.pod(ordinal),
+            m.obs.names.pod(o)
+        )));
+    }
     Some(Plan::Act(Step::Defragment { ordinal, member_id }))
 }
 

@@ -68,6 +68,15 @@ pub(super) fn remove_beyond_size(m: &Members) -> Option<Plan> {
             m.describe(sick.member.id)
         )));
     }
+    // Nor while another member's pod is not Ready yet (a member just
+    // promoted serves once its readiness probe passes): clients of the
+    // client Service would lose two at once.
+    if let Some(o) = m.unready_voter().filter(|o| *o != ordinal) {
+        return Some(Plan::Wait(format!(
+            "scale-down waits: the kubelet does not report pod {} Ready yet",
+            obs.names.pod(o)
+        )));
+    }
     if health.leader() == Some(id) {
         return Some(match m.pick_new_leader(&|o| o < obs.desired_replicas, id) {
             Some(to) => Plan::Act(Step::MoveLeader { from: id, to }),

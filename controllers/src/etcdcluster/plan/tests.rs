@@ -1061,3 +1061,43 @@ fn every_rule_has_its_own_name_and_a_quiet_cluster_passes_them_all() {
         assert_eq!(answer, None, "rule {name:?} answered a converged cluster");
     }
 }
+
+/// Clients of the client Service never lose two members at once: no step
+/// that takes a member out (a scale-down's removal, a defragmentation)
+/// is taken while another member's pod is not Ready yet (a member just
+/// restarted or promoted serves once its readiness probe passes).
+#[test]
+fn no_member_is_taken_out_while_another_members_pod_is_not_ready() {
+    let waits_for_1 = |plan: Plan| match plan {
+        Plan::Wait(why) => assert!(why.contains("pod c-etcd-1 Ready yet"), "{why}"),
+        other => panic!("expected a wait for c-etcd-1, got {other:?}"),
+    };
+    // A scale-down 3 → 1 would remove c-etcd-2 first.
+    let mut obs = converged(3, 1);
+    obs.pods.get_mut(&1).unwrap().ready = false;
+    waits_for_1(plan_next_step(&obs));
+    obs.pods.get_mut(&1).unwrap().ready = true;
+    assert!(
+        matches!(
+            plan_next_step(&obs),
+            Plan::Act(Step::RemoveMember {
+                ordinal: Some(2),
+                ..
+            })
+        ),
+        "{:?}",
+        plan_next_step(&obs)
+    );
+    // A defragmentation of c-etcd-2.
+    let mut fragmented = member(2, true, false, false);
+    let s = fragmented.status.as_mut().unwrap();
+    (s.db_size, s.db_size_in_use) = (512 << 20, 100 << 20);
+    let members = vec![
+        member(0, true, true, false),
+        member(1, true, false, false),
+        fragmented,
+    ];
+    let mut obs = with_members(converged(3, 3), members);
+    obs.pods.get_mut(&1).unwrap().ready = false;
+    waits_for_1(plan_next_step(&obs));
+}

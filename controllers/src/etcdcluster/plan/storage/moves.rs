@@ -173,6 +173,16 @@ pub fn move_members(m: &Members) -> Option<Plan> {
             "the move to StorageClass {class} waits: {who} is unhealthy"
         )));
     }
+    // A replacement etcd has promoted may not serve yet: its pod turns
+    // Ready a probe period later. Removing the next member before would
+    // take two out of the client Service at once.
+    if let Some(o) = m.unready_voter() {
+        return Some(Plan::Wait(format!(
+            "the move to StorageClass {class} waits: the kubelet does not report pod {} \
+             Ready yet",
+            obs.names.pod(o)
+        )));
+    }
     let leader = m.health.leader();
     let &(ordinal, id) = old
         .iter()
