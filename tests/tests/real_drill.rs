@@ -49,7 +49,8 @@ fn settings(image: &BuiltImage) -> DrillSettings {
 }
 
 #[test]
-fn real_node_drill_restores_the_newest_backup_with_its_own_etcd_and_a_changed_object_fails() {
+fn real_node_drill_restores_the_newest_backup_with_its_own_etcd_never_with_another_owners_secret_and_a_changed_object_fails()
+ {
     let Some(binaries) = require_kubernetes() else {
         return;
     };
@@ -111,6 +112,7 @@ async fn drills(
     );
     let live_before = live_revision(&mut kv).await?;
     world.apply(&schedule_yaml(s3))?;
+    a_foreign_secret_holds_the_drill(world, &ctl, &drills).await?;
     let workload_audit = world.workload("w1").plane.audit()?.len();
 
     let seen = drill_until_done(world, &ctl, &drills, "shop-1", true).await?;
@@ -365,6 +367,54 @@ async fn drill_until_done(
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A Secret at the drill's credentials name that another owner holds: no
+/// drill pod is created (its seeder would run with that owner's keys), the
+/// schedule says why, and the Secret is not touched. Once it is gone, the
+/// drill can start.
+async fn a_foreign_secret_holds_the_drill(
+    world: &KubeWorld,
+    ctl: &TestController,
+    drills: &DrillSettings,
+) -> Result<()> {
+    let management = world.management.admin_client().await?;
+    let client = world.workload("w1").admin_client().await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), WORKLOAD_NS);
+    let theirs: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": DRILL_POD, "labels": {"app.kubernetes.io/name": "theirs"}},
+        "stringData": {"password": "not the drill's"},
+    }))?;
+    let theirs = secrets.create(&PostParams::default(), &theirs).await?;
+    let bctx = BackupContext::new(ctl.ctx.clone()).with_drills(drills.clone());
+    for _ in 0..3 {
+        let s = schedules(&management).get(SCHEDULE).await?;
+        reconcile_schedule(&s, &bctx).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client, WORKLOAD_NS);
+    ensure!(
+        pods.get_opt(DRILL_POD).await?.is_none(),
+        "a drill pod was created beside another owner's Secret {DRILL_POD}"
+    );
+    let next = (schedules(&management).get(SCHEDULE).await?.status)
+        .and_then(|s| s.next_drill)
+        .unwrap_or_default();
+    ensure!(
+        next.contains(&format!(
+            "Secret {WORKLOAD_NS}/{DRILL_POD} exists and is not an earlier drill's"
+        )),
+        "the schedule does not say why the drill waits: {next:?}"
+    );
+    let after = secrets.get(DRILL_POD).await?;
+    ensure!(
+        after.metadata.resource_version == theirs.metadata.resource_version,
+        "the other owner's Secret was written: {after:?}"
+    );
+    secrets
+        .delete(DRILL_POD, &kube::api::DeleteParams::default())
+        .await?;
+    Ok(())
 }
 
 /// The live cluster's revision (a count-only read).

@@ -1,7 +1,7 @@
 //! Starting a drill: when the policy says the newest backup is due, the
 //! cluster is settled (Available, not Progressing: no version change,
 //! volume change or recovery under way) and a fleet-wide slot is free, the
-//! drill pod is created, then its credentials Secret, owned by the pod.
+//! drill's credentials Secret is created, then the pod, which then owns it.
 
 use std::collections::BTreeMap;
 
@@ -10,11 +10,11 @@ use etcdfleet_api::drill::{Candidate, Drills, Next, next_drill, unsettled};
 use etcdfleet_api::version::{image_for, parse_full_version};
 use etcdfleet_api::{EtcdBackup, EtcdBackupSchedule, EtcdCluster};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PostParams, Preconditions};
 
 use super::pod::{DrillPodInputs, drill_pod, labels};
 use super::site::{DrillReport, Site, last_drill};
@@ -146,55 +146,97 @@ fn inputs(
     })
 }
 
-/// Creates the pod, then its credentials Secret owned by it (the seeder
-/// waits for the Secret: the kubelet starts no container whose required
-/// Secret key is missing).
+/// Creates the credentials Secret first, then the pod, then makes the pod
+/// the Secret's owner (the garbage collector removes it with the pod): the
+/// pod references only a Secret this reconcile created. A Secret of that
+/// name that another owner holds is never touched, and no pod is created
+/// (the kubelet would start the seeder with that owner's keys).
 async fn create(
     site: &Site,
     inputs: &DrillPodInputs,
     credentials: Option<Credentials>,
 ) -> std::result::Result<(), String> {
-    let pod = site
+    let secrets: Api<Secret> = Api::namespaced(site.workload.client.clone(), &site.namespace);
+    let secret = match credentials {
+        Some(c) => Some(claim_secret(&secrets, inputs, credentials_secret(inputs, c)).await?),
+        None => None,
+    };
+    let pod = match site
         .pods()
         .create(&PostParams::default(), &drill_pod(inputs))
         .await
-        .map_err(|e| format!("creating drill pod {}: {e}", site.pod_name))?;
-    let Some(credentials) = credentials else {
+    {
+        Ok(pod) => pod,
+        Err(e) => {
+            if let Some(secret) = &secret {
+                let _ = secrets.delete(&inputs.secret_name, &exactly(secret)).await;
+            }
+            return Err(format!("creating drill pod {}: {e}", site.pod_name));
+        }
+    };
+    let Some(secret) = secret else {
         return Ok(());
     };
-    let secret = credentials_secret(inputs, &pod, credentials);
-    let secrets: Api<Secret> = Api::namespaced(site.workload.client.clone(), &site.namespace);
+    let owned = serde_json::json!({
+        "metadata": {
+            "resourceVersion": secret.resource_version(),
+            "ownerReferences": [{
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name_any(),
+                "uid": pod.uid().unwrap_or_default(),
+            }],
+        }
+    });
+    (secrets.patch(
+        &inputs.secret_name,
+        &crate::controller_patch_params(),
+        &Patch::Merge(&owned),
+    ))
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("making drill pod {} own its Secret: {e}", site.pod_name))
+}
+
+/// Creates the drill's credentials Secret. One an earlier drill of this
+/// cluster left (its labels; its pod is gone, and the garbage collector
+/// would remove it from under a new pod) is replaced; another's is refused.
+async fn claim_secret(
+    secrets: &Api<Secret>,
+    inputs: &DrillPodInputs,
+    secret: Secret,
+) -> std::result::Result<Secret, String> {
     let failed = |e| format!("creating the drill's Secret: {e}");
     match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(()),
-        // One an earlier drill left (owned by its pod, which is gone: the
-        // garbage collector would soon remove it from under this pod).
-        // Another's Secret of that name is never touched.
+        Ok(created) => Ok(created),
         Err(kube::Error::Api(e)) if e.code == 409 => {
             let found = (secrets.get_opt(&inputs.secret_name).await).map_err(failed)?;
             let Some(found) = found.filter(|f| f.labels() == &labels(inputs)) else {
                 return Err(format!(
-                    "Secret {}/{} exists and is not an earlier drill's of this cluster",
+                    "Secret {}/{} exists and is not an earlier drill's of this cluster: \
+                     no drill pod is created while another owner holds that name",
                     inputs.namespace, inputs.secret_name
                 ));
             };
-            let uid = Preconditions {
-                uid: found.uid(),
-                ..Default::default()
-            };
-            let params = DeleteParams {
-                preconditions: Some(uid),
-                ..Default::default()
-            };
-            (secrets.delete(&inputs.secret_name, &params).await).map_err(failed)?;
-            (secrets.create(&PostParams::default(), &secret).await).map_err(failed)?;
-            Ok(())
+            (secrets.delete(&inputs.secret_name, &exactly(&found)).await).map_err(failed)?;
+            (secrets.create(&PostParams::default(), &secret).await).map_err(failed)
         }
         Err(e) => Err(failed(e)),
     }
 }
 
-fn credentials_secret(inputs: &DrillPodInputs, pod: &Pod, c: Credentials) -> Secret {
+/// A delete of exactly `secret` (its UID).
+fn exactly(secret: &Secret) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: secret.uid(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn credentials_secret(inputs: &DrillPodInputs, c: Credentials) -> Secret {
     let values = [
         Some(c.access_key_id),
         Some(c.secret_access_key),
@@ -208,13 +250,6 @@ fn credentials_secret(inputs: &DrillPodInputs, pod: &Pod, c: Credentials) -> Sec
             name: Some(inputs.secret_name.clone()),
             namespace: Some(inputs.namespace.clone()),
             labels: Some(labels(inputs)),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                name: pod.name_any(),
-                uid: pod.uid().unwrap_or_default(),
-                ..Default::default()
-            }]),
             ..Default::default()
         },
         type_: Some("Opaque".into()),
