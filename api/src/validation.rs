@@ -168,13 +168,13 @@ fn checked(
                 let v = check_value(child, value, key, &mut errors, &mut unknown);
                 pruned.insert(key.clone(), v);
             }
-            None if preserves_unknown(&schema) => {
+            None if preserves_unknown(schema) => {
                 pruned.insert(key.clone(), value.clone());
             }
             None => unknown.push(key.clone()),
         }
     }
-    check_required(&schema, root, "", &mut errors);
+    check_required(schema, root, "", &mut errors);
     let object = Value::Object(pruned);
     // As the API server: schema errors other than these leave the rules to
     // run, so every wrong field is reported at once; these stop the rules,

@@ -22,6 +22,7 @@ pub mod rbac;
 pub mod recorder;
 pub mod selectors;
 mod serve;
+mod slow;
 pub mod store;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -357,7 +358,7 @@ impl Inner {
         };
         let asked = std::time::Instant::now();
         let mut store = self.store.lock().expect("store lock");
-        let _held = SlowRequest::new(parts, asked);
+        let _held = slow::SlowRequest::new(parts, asked);
         let name = t.name.clone();
         match (parts.method.as_str(), name) {
             ("GET", Some(name)) => Ok((200, store.get_sub(t, &name)?)),
@@ -967,41 +968,5 @@ current-context: {name}
             .lock()
             .expect("store lock")
             .resource_version()
-    }
-}
-
-/// Says on stderr when a request waited for the store or held it long (the
-/// store serves one request at a time): a test whose clients time out
-/// (Lease renewals with a 2 s deadline) shows which requests held them up.
-struct SlowRequest {
-    what: String,
-    asked: std::time::Instant,
-    locked: std::time::Instant,
-}
-
-impl SlowRequest {
-    const SLOW: Duration = Duration::from_millis(250);
-
-    fn new(parts: &http::request::Parts, asked: std::time::Instant) -> Self {
-        SlowRequest {
-            what: format!("{} {}", parts.method, parts.uri.path()),
-            asked,
-            locked: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Drop for SlowRequest {
-    fn drop(&mut self) {
-        let (waited, held) = (self.locked - self.asked, self.locked.elapsed());
-        if waited > Self::SLOW || held > Self::SLOW {
-            eprintln!(
-                "[{} test API server] {} waited {:?} for the store and held it {:?}",
-                k8s_openapi::jiff::Timestamp::now(),
-                self.what,
-                waited,
-                held
-            );
-        }
     }
 }
