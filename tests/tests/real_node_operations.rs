@@ -219,7 +219,7 @@ fn real_node_rolling_upgrade_keeps_all_members_but_one_ready_and_loses_no_acknow
             "upgrade",
         );
         let client = world.workload("w1").admin_client().await?;
-        let sampler = ReadySampler::start(client, WORKLOAD_NS, "shop", 3);
+        let sampler = ReadySampler::start(client, WORKLOAD_NS, "shop", 3).await?;
         patch_spec(world, "shop", json!({ "version": new.release }))?;
         let started = std::time::Instant::now();
         let follow = || async {

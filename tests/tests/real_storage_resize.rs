@@ -335,8 +335,8 @@ fn real_node_resize_and_a_class_move_keep_all_members_but_one_ready_and_the_quot
                 .collect(),
             "resize",
         );
+        let sampler = ReadySampler::start(client.clone(), WORKLOAD_NS, "shop", 3).await?;
         let started = Instant::now();
-        let sampler = ReadySampler::start(client.clone(), WORKLOAD_NS, "shop", 3);
         patch_spec(
             world,
             "shop",
@@ -437,7 +437,7 @@ async fn move_to_a_second_class(world: &KubeWorld, ctl: &mut TestController) -> 
     classes
         .create(&kube::api::PostParams::default(), &second)
         .await?;
-    let sampler = ReadySampler::start(client, WORKLOAD_NS, "shop", 3);
+    let sampler = ReadySampler::start(client, WORKLOAD_NS, "shop", 3).await?;
     patch_spec(
         world,
         "shop",

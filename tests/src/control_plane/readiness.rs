@@ -2,7 +2,11 @@
 //! members are out of service at once, by their pods' `Ready` conditions
 //! (a pod that runs but is not Ready serves nothing through the client
 //! Service), sampled every [`PERIOD`] in the background for the whole
-//! operation, independently of the controller's steps.
+//! operation, independently of the controller's steps. Sampling starts
+//! once every member is in service ([`ReadySampler::start`] waits for it):
+//! the operation's samples are the operation's, not those of the start that
+//! came before it (the controller counts a member ready once etcd answers
+//! it healthy, which is before the kubelet's next readiness probe says so).
 //!
 //! A member is out of service when its pod is missing, being deleted, or
 //! not `Ready`. The members counted are the cluster's size (ordinals below
@@ -23,6 +27,10 @@ use kube::{Client, ResourceExt};
 /// How often the pods are read.
 pub const PERIOD: Duration = Duration::from_millis(100);
 
+/// How long [`ReadySampler::start`] waits for every member to be in
+/// service before the operation.
+pub const IN_SERVICE_BOUND: Duration = Duration::from_secs(120);
+
 /// Samples `name`'s members in `namespace` until [`ReadySampler::stop`].
 pub struct ReadySampler {
     stop: Arc<AtomicBool>,
@@ -41,11 +49,27 @@ pub struct Sampled {
 }
 
 impl ReadySampler {
-    /// Samples the `members` members of cluster `name`.
-    pub fn start(client: Client, namespace: &str, name: &str, members: u32) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
+    /// Waits until the `members` members of cluster `name` are all in
+    /// service (at most [`IN_SERVICE_BOUND`]; the error names those that
+    /// are not), then samples them.
+    pub async fn start(client: Client, namespace: &str, name: &str, members: u32) -> Result<Self> {
         let pods: Api<Pod> = Api::namespaced(client, namespace);
-        let (prefix, flag) = (format!("{name}-etcd-"), stop.clone());
+        let prefix = format!("{name}-etcd-");
+        let deadline = std::time::Instant::now() + IN_SERVICE_BOUND;
+        loop {
+            let out = out_of_service(&pods, &prefix, members).await?;
+            if out.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "members of {name} not in service {IN_SERVICE_BOUND:?} before the operation: {out:?}"
+                );
+            }
+            tokio::time::sleep(PERIOD).await;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
         let task = tokio::spawn(async move {
             let mut seen = Sampled::default();
             let mut last: Vec<String> = Vec::new();
@@ -67,7 +91,7 @@ impl ReadySampler {
             }
             Ok(seen)
         });
-        ReadySampler { stop, task }
+        Ok(ReadySampler { stop, task })
     }
 
     /// Stops sampling; what was seen.
