@@ -317,6 +317,12 @@ pub fn pdb(inputs: &RenderInputs) -> PodDisruptionBudget {
     }
 }
 
+/// Annotation (value [`CLOSES_ONCE_STARTED`]) of an announcing members
+/// ConfigMap this release wrote, and so closes (rule 23); an earlier
+/// release's stays until a membership change writes it (no CR asked).
+pub const ANNOUNCEMENT_ANNOTATION: &str = "etcdfleet.dev/announcement";
+pub const CLOSES_ONCE_STARTED: &str = "closes-once-started";
+
 /// The members ConfigMap: `initial-cluster` and `initial-cluster-state` that a
 /// member reads when it first starts on an empty data dir (ignored after).
 pub fn members_configmap(inputs: &RenderInputs, initial_cluster: &str, state: &str) -> ConfigMap {
@@ -329,8 +335,13 @@ pub fn members_configmap(inputs: &RenderInputs, initial_cluster: &str, state: &s
         ])),
         ..Default::default()
     };
-    // Membership state, not rendered from the spec: no inputs hash.
-    cm.metadata.annotations = None;
+    // Membership state, not from the spec: no inputs hash.
+    cm.metadata.annotations = (initial_cluster != CLOSED_INITIAL_CLUSTER).then(|| {
+        BTreeMap::from([(
+            ANNOUNCEMENT_ANNOTATION.to_string(),
+            CLOSES_ONCE_STARTED.to_string(),
+        )])
+    });
     cm
 }
 

@@ -128,12 +128,17 @@ pub async fn read_static(w: &Workload<'_>, pki: &PkiReading) -> Result<StaticObj
     Ok(found)
 }
 
-/// Whether the members ConfigMap names members that may start from it: a
-/// member that starts on an empty data directory reads it (see
-/// [`render::CLOSED_INITIAL_CLUSTER`]).
+/// Whether the members ConfigMap names members that may start from it (a
+/// member that starts on an empty data directory reads it, see
+/// [`render::CLOSED_INITIAL_CLUSTER`]) and was written by a release that
+/// closes it ([`render::ANNOUNCEMENT_ANNOTATION`]): an earlier release's is
+/// left as it is, since no CR asked for a write.
 fn announces_members(cm: &ConfigMap) -> bool {
     let initial = (cm.data.as_ref()).and_then(|d| d.get(render::INITIAL_CLUSTER_KEY));
-    initial.is_some_and(|i| i != render::CLOSED_INITIAL_CLUSTER)
+    let closes = (cm.metadata.annotations.as_ref())
+        .and_then(|a| a.get(render::ANNOUNCEMENT_ANNOTATION))
+        .is_some_and(|v| v == render::CLOSES_ONCE_STARTED);
+    closes && initial.is_some_and(|i| i != render::CLOSED_INITIAL_CLUSTER)
 }
 
 /// The server and peer TLS Secrets: owned, rendered from these inputs,
@@ -272,4 +277,39 @@ pub fn check_owner<K: Resource<DynamicType = ()>>(
         owner: theirs.map(str::to_string),
     });
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configmap(initial: &str, annotated: bool) -> ConfigMap {
+        let mut cm = ConfigMap {
+            data: Some([(render::INITIAL_CLUSTER_KEY.to_string(), initial.to_string())].into()),
+            ..Default::default()
+        };
+        if annotated {
+            cm.metadata.annotations = Some(
+                [(
+                    render::ANNOUNCEMENT_ANNOTATION.to_string(),
+                    render::CLOSES_ONCE_STARTED.to_string(),
+                )]
+                .into(),
+            );
+        }
+        cm
+    }
+
+    #[test]
+    fn only_an_announcement_this_release_wrote_is_closed() {
+        let open = "shop-etcd-0=https://shop-etcd-0.shop-etcd-peer:2380";
+        assert!(announces_members(&configmap(open, true)));
+        // An earlier release's announcement: closing it would write into a
+        // workload cluster that no CR asked to change.
+        assert!(!announces_members(&configmap(open, false)));
+        assert!(!announces_members(&configmap(
+            render::CLOSED_INITIAL_CLUSTER,
+            true
+        )));
+    }
 }
