@@ -41,7 +41,7 @@ pub struct JoinSpec {
     /// issued from it, so the existing members accept them and the
     /// cluster's clients keep trusting the cluster. Required with TLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self != ''").message("credentialsSecretName must not be empty"))]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("credentialsSecretName must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub credentials_secret_name: Option<String>,
 }
 

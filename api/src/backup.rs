@@ -81,7 +81,7 @@ pub mod condition {
 #[x_kube(validation = Rule::new("self == oldSelf").message("spec of an EtcdBackup is immutable: create a new EtcdBackup"))]
 pub struct EtcdBackupSpec {
     /// The `EtcdCluster` (same namespace) to snapshot.
-    #[x_kube(validation = Rule::new("self != ''").message("clusterName must not be empty"))]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("clusterName must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub cluster_name: String,
 
     /// Where the snapshot goes (default: the cluster's `spec.backup.destination`).
@@ -271,7 +271,7 @@ pub struct RetentionPolicy {
 #[serde(rename_all = "camelCase")]
 pub struct EtcdBackupScheduleSpec {
     /// The `EtcdCluster` (same namespace) to back up.
-    #[x_kube(validation = Rule::new("self != ''").message("clusterName must not be empty"))]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("clusterName must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub cluster_name: String,
 
     /// Cron schedule in UTC, five fields (`minute hour day-of-month month
@@ -355,6 +355,17 @@ pub enum BackupConfigError {
     BadDuration(String),
     #[error("no destination: set spec.destination or the cluster's spec.backup.destination")]
     NoDestination,
+    #[error("{0}")]
+    InvalidReference(String),
+    #[error(
+        "schedule {schedule:?} runs {every}s apart at its closest; the platform allows no \
+         schedule to run more often than every {min}s (tenancy.minScheduleIntervalSeconds)"
+    )]
+    TooFrequent {
+        schedule: String,
+        every: u64,
+        min: u64,
+    },
 }
 
 /// A parsed cron schedule ([`parse_schedule`]).
@@ -381,6 +392,24 @@ pub fn next_run(cron: &croner::Cron, after: Timestamp) -> Option<Timestamp> {
     cron.find_next_occurrence(&utc(after), false)
         .ok()
         .map(|z| z.timestamp())
+}
+
+/// The shortest time between two runs of `cron`, in seconds, over its runs
+/// in the two days from its first run after `from` (at most 2,880: every
+/// minute); `None` with fewer than two runs there (a yearly schedule).
+pub fn shortest_interval(cron: &croner::Cron, from: Timestamp) -> Option<u64> {
+    let first = next_run(cron, from)?;
+    let end = first.as_second() + 2 * 86400;
+    let (mut at, mut shortest) = (first, None::<u64>);
+    for _ in 0..2880 {
+        let Some(next) = next_run(cron, at).filter(|n| n.as_second() <= end) else {
+            break;
+        };
+        let gap = next.as_second().saturating_sub(at.as_second()) as u64;
+        shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+        at = next;
+    }
+    shortest
 }
 
 /// The scheduled time a backup is due for now, if any: the newest scheduled
@@ -629,6 +658,21 @@ mod tests {
                 "{schedule} after {after}"
             );
         }
+    }
+
+    #[test]
+    fn the_shortest_interval_is_found_where_a_schedule_bunches_its_runs() {
+        let from = ts("2026-11-22T06:19:00Z");
+        let every = |schedule: &str| shortest_interval(&parse_schedule(schedule).unwrap(), from);
+        assert_eq!(every("* * * * *"), Some(60));
+        assert_eq!(every("0 */6 * * *"), Some(6 * 3600));
+        assert_eq!(every("*/5 * * * *"), Some(300));
+        // Hourly but twice in one hour: the closest two runs count.
+        assert_eq!(every("0,1 * * * *"), Some(60));
+        // Every minute, but only on the first of a month: found all the same.
+        assert_eq!(every("* * 1 * *"), Some(60));
+        // Fewer than two runs in two days: nothing to judge.
+        assert_eq!(every("0 3 1 1 *"), None);
     }
 
     #[test]

@@ -31,6 +31,33 @@ pub const QUORUM_LOST: &str = "QuorumLost";
 /// workload cluster, not an etcd outage.
 pub const MEMBERS_UNREACHABLE_FROM_CONTROLLER: &str = "MembersUnreachableFromController";
 
+/// The longest message, in bytes, a condition, an operation or a member
+/// carries in a status: a message with a remote answer in it (a workload
+/// API server's or an object store's error body) is cut to it.
+pub const MESSAGE_LIMIT: usize = 4096;
+/// The longest message, in bytes, one cluster's record carries in a fleet
+/// rollout's status (which holds one record per cluster).
+pub const ROLLOUT_MESSAGE_LIMIT: usize = 512;
+/// The longest note of an event, in bytes (the events API's own limit).
+pub const EVENT_NOTE_LIMIT: usize = 1024;
+
+/// `message` cut to at most `limit` bytes, on a character boundary, its end
+/// saying how much was cut.
+pub fn bounded(mut message: String, limit: usize) -> String {
+    if message.len() <= limit {
+        return message;
+    }
+    // Room for the marker: " … (" and ")" with " bytes cut" and 20 digits.
+    let mut end = limit.saturating_sub(40);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = message.len() - end;
+    message.truncate(end);
+    message.push_str(&format!(" … ({cut} bytes cut)"));
+    message
+}
+
 /// Sets `new` in `conditions`: replaces the condition of the same type, keeping
 /// its `lastTransitionTime` when the status did not change. Returns whether
 /// anything observable (status, reason, message, generation) changed.
@@ -67,7 +94,7 @@ pub fn condition(
         type_: type_.to_string(),
         status: if status { "True" } else { "False" }.to_string(),
         reason: reason.to_string(),
-        message: message.into(),
+        message: bounded(message.into(), MESSAGE_LIMIT),
         observed_generation: generation,
         last_transition_time: now,
     }
@@ -95,4 +122,35 @@ pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Conditio
 /// Whether a condition of this type is present with status `True`.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     find(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    #[test]
+    fn a_long_remote_answer_is_cut_within_the_limit_on_a_character_boundary() {
+        assert_eq!(bounded("short".into(), 64), "short");
+        let body = "é".repeat(10_000);
+        let cut = bounded(body.clone(), MESSAGE_LIMIT);
+        assert!(cut.len() <= MESSAGE_LIMIT, "{}", cut.len());
+        assert!(
+            cut.starts_with("éé") && cut.ends_with(" bytes cut)"),
+            "{cut}"
+        );
+        let kept = cut.split(" … (").next().unwrap().len();
+        assert!(
+            cut.contains(&format!("({} bytes cut)", body.len() - kept)),
+            "{cut}"
+        );
+        let made = condition(
+            "Ready",
+            false,
+            "X",
+            body,
+            None,
+            Time(k8s_openapi::jiff::Timestamp::now()),
+        );
+        assert!(made.message.len() <= MESSAGE_LIMIT);
+    }
 }

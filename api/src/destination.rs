@@ -78,7 +78,9 @@ pub struct ObjectStoreDestination {
     /// Bucket name of an S3-compatible store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket: Option<String>,
-    /// Absolute path of a local directory instead of a bucket (development and tests).
+    /// Absolute path of a local directory of the controller's filesystem
+    /// instead of a bucket (development and tests): refused outside the
+    /// namespaces the platform allows it in (`tenancy.localDestinationNamespaces`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.startsWith('/')").message("path must be absolute"))]
     pub path: Option<String>,
@@ -100,6 +102,11 @@ pub struct ObjectStoreDestination {
     pub allow_http: Option<bool>,
     /// Secret (in the namespace of the EtcdCluster) with the keys
     /// `accessKeyId`, `secretAccessKey` and optionally `sessionToken`.
+    /// Required for a bucket: the controller uses no identity of the node it
+    /// runs on, and its own workload identity only in the namespaces the
+    /// platform lends it to (`tenancy.workloadIdentityNamespaces`), never
+    /// for a restore or a drill.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("credentialsSecretName must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub credentials_secret_name: Option<String>,
 }

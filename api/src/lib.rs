@@ -9,6 +9,7 @@ pub mod ca_rotation;
 pub mod conditions;
 pub mod destination;
 pub mod drill;
+pub mod names;
 pub mod quantity;
 pub mod recovery;
 pub mod replacement;

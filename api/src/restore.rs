@@ -43,7 +43,7 @@ pub struct RestoreSource {
     /// A `Succeeded` `EtcdBackup` in the cluster's namespace; its status names
     /// the object, its size and SHA-256.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self != ''").message("backupName must not be empty"))]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("backupName must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub backup_name: Option<String>,
     /// Where the object is (as in backups; credentials from the Secret it names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,6 +74,8 @@ pub const RESTORE_FAILED: &str = "RestoreFailed";
 pub mod reason {
     /// The named `EtcdBackup` does not exist.
     pub const BACKUP_NOT_FOUND: &str = "BackupNotFound";
+    /// `backupName` is no object name (nothing is read).
+    pub const INVALID_REFERENCE: &str = "InvalidReference";
     /// The named `EtcdBackup` has not succeeded (yet, or ever).
     pub const BACKUP_NOT_SUCCEEDED: &str = "BackupNotSucceeded";
     /// The `EtcdBackup`'s status lacks the object, size or checksum.
@@ -250,11 +252,17 @@ pub fn judge_object(expected: &ResolvedRestore, seen: &ObjectCheck) -> Result<()
             if let Some(want) = expected.size_bytes
                 && want != *size
             {
-                let how = if *size < want { "truncated: " } else { "" };
+                // What was read is not reported: the key is the tenant's to
+                // name, and the object need not be the tenant's.
+                let how = if *size < want {
+                    "truncated: smaller than"
+                } else {
+                    "larger than"
+                };
                 return Err(Refusal {
                     reason: reason::SIZE_MISMATCH,
                     message: format!(
-                        "snapshot object {key} is {how}{size} bytes, the backup recorded {want}"
+                        "snapshot object {key} is {how} the {want} bytes the backup recorded"
                     ),
                 });
             }
@@ -262,7 +270,8 @@ pub fn judge_object(expected: &ResolvedRestore, seen: &ObjectCheck) -> Result<()
                 return Err(Refusal {
                     reason: reason::CHECKSUM_MISMATCH,
                     message: format!(
-                        "snapshot object {key} has SHA-256 {sha256}, expected {}",
+                        "snapshot object {key} does not hold what was recorded: its SHA-256 \
+                         is not {}",
                         expected.sha256
                     ),
                 });
@@ -522,6 +531,14 @@ mod tests {
             let e = judge_object(&r, &seen).unwrap_err();
             assert_eq!(e.reason, want, "{seen:?}");
             assert!(e.message.contains("c/1.db"), "{}", e.message);
+            // A tenant learns nothing of an object it does not own: not
+            // its digest, not its size.
+            let tenant_learns = ["b".repeat(64), " 4 bytes".to_string()];
+            assert!(
+                !tenant_learns.iter().any(|t| e.message.contains(t.as_str())),
+                "{}",
+                e.message
+            );
         }
         let truncated = judge_object(
             &r,

@@ -209,7 +209,7 @@ pub struct EtcdTuning {
 #[serde(rename_all = "camelCase")]
 pub struct ClusterRef {
     /// Name of the workload cluster.
-    #[x_kube(validation = Rule::new("self != ''").message("clusterRef.name must not be empty"))]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("clusterRef.name must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub name: String,
 }
 
@@ -218,10 +218,11 @@ pub struct ClusterRef {
 #[serde(rename_all = "camelCase")]
 pub struct KubeconfigSecretRef {
     /// Secret name.
-    #[x_kube(validation = Rule::new("self != ''").message("kubeconfigSecretRef.name must not be empty"))]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("kubeconfigSecretRef.name must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub name: String,
     /// Key in the Secret's data (default `value`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(crate::names::SECRET_KEY_RULE).message("kubeconfigSecretRef.key must be a Secret key: letters, digits, '-', '.' and '_'"))]
     pub key: Option<String>,
 }
 
@@ -241,7 +242,7 @@ pub struct TemplateRef {
     /// `EtcdTemplate` (namespaced, same namespace) or `ClusterEtcdTemplate`.
     pub kind: TemplateKind,
     /// Template name.
-    #[x_kube(validation = Rule::new("self != ''").message("templateRef.name must not be empty"))]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("templateRef.name must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub name: String,
 }
 
@@ -355,6 +356,7 @@ pub struct EtcdClusterSpec {
 pub struct EtcdTemplateSpec {
     /// A `ClusterEtcdTemplate` this template builds on (its values are overridden by this one's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(crate::names::DNS_SUBDOMAIN_RULE).message("baseTemplate must be an object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"))]
     pub base_template: Option<String>,
 
     /// The defaults.

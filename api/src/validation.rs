@@ -801,7 +801,9 @@ fn is_label(s: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
-fn dns_subdomain_problem(name: &str) -> Option<String> {
+/// Why `name` is not a DNS subdomain of at most 253 characters, if it is not
+/// (the API server's words).
+pub fn dns_subdomain_problem(name: &str) -> Option<String> {
     if name.len() > 253 {
         return Some("must be no more than 253 characters".into());
     }

@@ -71,6 +71,12 @@ pub struct Access {
     /// The process's shutdown request: a reconcile that has not acted yet
     /// ends when it comes (never requested outside `etcdfleet run`).
     pub shutdown: crate::shutdown::Shutdown,
+    /// What tenants' destinations may use beyond what they name (see
+    /// [`crate::tenancy`]); the default lends nothing.
+    pub fence: Arc<crate::tenancy::Fence>,
+    /// Each namespace's share of the reconcile slots (all-namespaces mode;
+    /// unbounded otherwise, see [`crate::slots`]).
+    pub shares: Arc<crate::slots::Shares>,
 }
 
 impl Access {
@@ -100,6 +106,8 @@ impl Access {
             scope_filter: None,
             shard_gate: None,
             shutdown: Default::default(),
+            fence: Default::default(),
+            shares: Default::default(),
         }
     }
 
@@ -154,7 +162,10 @@ impl Access {
         let event = Event {
             type_,
             reason: reason.to_string(),
-            note: Some(note.chars().take(1000).collect()),
+            note: Some(etcdfleet_api::conditions::bounded(
+                note.to_string(),
+                etcdfleet_api::conditions::EVENT_NOTE_LIMIT,
+            )),
             action: reason.to_string(),
             secondary: None,
         };

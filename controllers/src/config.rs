@@ -116,6 +116,62 @@ impl LeaderElectionConfig {
         self.renew_deadline_seconds
             .map_or(self.lease_duration() * 2 / 3, Duration::from_secs)
     }
+
+    /// The lease timings and names, when leader election is on.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        // Renewal every third of the lease needs whole seconds to work with.
+        if self.lease_duration_seconds < 3 {
+            return Err(invalid(
+                "leaderElection.leaseDurationSeconds",
+                "must be at least 3 (the lease is renewed every third of it)",
+            ));
+        }
+        let le = self;
+        // The holder must stop leading before its lease can expire for
+        // the others, and renew more than once before it gives up.
+        if le.renew_interval().is_zero() {
+            return Err(invalid(
+                "leaderElection.renewIntervalSeconds",
+                "must be greater than zero",
+            ));
+        }
+        if le.renew_deadline() >= le.lease_duration() {
+            return Err(invalid(
+                "leaderElection.renewDeadlineSeconds",
+                format!(
+                    "{}s must be shorter than leaseDurationSeconds ({}s)",
+                    le.renew_deadline().as_secs(),
+                    le.lease_duration_seconds
+                ),
+            ));
+        }
+        if le.renew_interval() >= le.renew_deadline() {
+            return Err(invalid(
+                "leaderElection.renewIntervalSeconds",
+                format!(
+                    "{}s must be shorter than renewDeadlineSeconds ({}s)",
+                    le.renew_interval().as_secs(),
+                    le.renew_deadline().as_secs()
+                ),
+            ));
+        }
+        if !is_dns_subdomain(&self.lease_name) {
+            return Err(invalid(
+                "leaderElection.leaseName",
+                format!("{:?} is not a valid object name", self.lease_name),
+            ));
+        }
+        if !is_dns_label(&self.lease_namespace) {
+            return Err(invalid(
+                "leaderElection.leaseNamespace",
+                format!("{:?} is not a valid namespace name", self.lease_namespace),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The `sharding` section: N replicas of one Deployment share the fleet
@@ -264,6 +320,9 @@ pub struct ControllerConfig {
     /// namespace), so a start or a failover does not reconcile the whole
     /// fleet at the same instant.
     pub max_concurrent_reconciles: u16,
+    /// Watching every namespace: at most this many of those reconciles are
+    /// of one namespace's clusters at once, so no tenant holds every slot.
+    pub max_reconciles_per_namespace: u16,
     /// Triggers for one cluster arriving within this window cause one
     /// reconcile, not several.
     pub debounce_milliseconds: u64,
@@ -285,6 +344,10 @@ pub struct ControllerConfig {
     /// seconds ends as an error (its pod not scheduled, an image not
     /// pulled) and is removed.
     pub drill_timeout_seconds: u64,
+    /// What tenants' destinations may use beyond what they name: the
+    /// controller's workload identity and local directories, per namespace
+    /// (none by default; see `crate::tenancy`).
+    pub tenancy: crate::tenancy::TenancyConfig,
     /// The parsed `label_selector`, set by [`ControllerConfig::validate`].
     #[serde(skip)]
     selector: LabelSelector,
@@ -305,12 +368,14 @@ impl Default for ControllerConfig {
             tracing: Default::default(),
             dialer: DialerKind::default(),
             max_concurrent_reconciles: 16,
+            max_reconciles_per_namespace: 4,
             debounce_milliseconds: 200,
             shutdown_grace_seconds: 10,
             seeder_image: DEFAULT_SEEDER_IMAGE.to_string(),
             ca_rotate_before_days: 90,
             max_concurrent_drills: 2,
             drill_timeout_seconds: 900,
+            tenancy: Default::default(),
             selector: LabelSelector::default(),
         }
     }
@@ -336,6 +401,7 @@ pub struct Overrides {
     pub metrics_address: Option<String>,
     pub log_format: Option<LogFormat>,
     pub max_concurrent_reconciles: Option<u16>,
+    pub max_reconciles_per_namespace: Option<u16>,
     pub debounce_milliseconds: Option<u64>,
     pub shutdown_grace_seconds: Option<u64>,
     pub dialer: Option<DialerKind>,
@@ -447,6 +513,9 @@ impl ControllerConfig {
         if let Some(v) = o.max_concurrent_reconciles {
             self.max_concurrent_reconciles = v;
         }
+        if let Some(v) = o.max_reconciles_per_namespace {
+            self.max_reconciles_per_namespace = v;
+        }
         if let Some(v) = o.debounce_milliseconds {
             self.debounce_milliseconds = v;
         }
@@ -497,6 +566,10 @@ impl ControllerConfig {
                 "maxConcurrentReconciles",
                 u64::from(self.max_concurrent_reconciles),
             ),
+            (
+                "maxReconcilesPerNamespace",
+                u64::from(self.max_reconciles_per_namespace),
+            ),
             ("shutdownGraceSeconds", self.shutdown_grace_seconds),
             ("maxConcurrentDrills", u64::from(self.max_concurrent_drills)),
             ("drillTimeoutSeconds", self.drill_timeout_seconds),
@@ -505,63 +578,11 @@ impl ControllerConfig {
                 return Err(invalid(field, "must be greater than zero"));
             }
         }
-        if self.leader_election.enabled {
-            // Renewal every third of the lease needs whole seconds to work with.
-            if self.leader_election.lease_duration_seconds < 3 {
-                return Err(invalid(
-                    "leaderElection.leaseDurationSeconds",
-                    "must be at least 3 (the lease is renewed every third of it)",
-                ));
-            }
-            let le = &self.leader_election;
-            // The holder must stop leading before its lease can expire for
-            // the others, and renew more than once before it gives up.
-            if le.renew_interval().is_zero() {
-                return Err(invalid(
-                    "leaderElection.renewIntervalSeconds",
-                    "must be greater than zero",
-                ));
-            }
-            if le.renew_deadline() >= le.lease_duration() {
-                return Err(invalid(
-                    "leaderElection.renewDeadlineSeconds",
-                    format!(
-                        "{}s must be shorter than leaseDurationSeconds ({}s)",
-                        le.renew_deadline().as_secs(),
-                        le.lease_duration_seconds
-                    ),
-                ));
-            }
-            if le.renew_interval() >= le.renew_deadline() {
-                return Err(invalid(
-                    "leaderElection.renewIntervalSeconds",
-                    format!(
-                        "{}s must be shorter than renewDeadlineSeconds ({}s)",
-                        le.renew_interval().as_secs(),
-                        le.renew_deadline().as_secs()
-                    ),
-                ));
-            }
-            if !is_dns_subdomain(&self.leader_election.lease_name) {
-                return Err(invalid(
-                    "leaderElection.leaseName",
-                    format!(
-                        "{:?} is not a valid object name",
-                        self.leader_election.lease_name
-                    ),
-                ));
-            }
-            if !is_dns_label(&self.leader_election.lease_namespace) {
-                return Err(invalid(
-                    "leaderElection.leaseNamespace",
-                    format!(
-                        "{:?} is not a valid namespace name",
-                        self.leader_election.lease_namespace
-                    ),
-                ));
-            }
-        }
+        self.leader_election.validate()?;
         self.sharding.validate(&self.leader_election)?;
+        if let Some((field, message)) = self.tenancy.invalid() {
+            return Err(invalid(field, message));
+        }
         let mut seen = BTreeSet::new();
         for ns in &self.namespaces {
             if !is_dns_label(ns) {
@@ -1056,6 +1077,14 @@ data:
             (
                 "leaderElection: {enabled: true, leaseDurationSeconds: 2}",
                 "leaderElection.leaseDurationSeconds",
+            ),
+            (
+                "tenancy: {workloadIdentityNamespaces: [Team_A]}",
+                "tenancy.workloadIdentityNamespaces",
+            ),
+            (
+                "tenancy: {localDestinationNamespaces: ['']}",
+                "tenancy.localDestinationNamespaces",
             ),
         ] {
             let err = ControllerConfig::from_yaml(yaml, "c.yaml").unwrap_err();

@@ -53,6 +53,15 @@ impl KubeconfigLocation {
     }
 }
 
+impl KubeconfigLocation {
+    /// Why the Secret's name or key may not be used, if it may not.
+    pub fn problem(&self) -> Option<String> {
+        use etcdfleet_api::names::{reference_problem, secret_key_problem};
+        reference_problem("the kubeconfig Secret's name", &self.secret_name)
+            .or_else(|| secret_key_problem("the kubeconfig Secret's key", &self.key))
+    }
+}
+
 impl std::fmt::Display for KubeconfigLocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -68,6 +77,8 @@ impl std::fmt::Display for KubeconfigLocation {
 pub enum ConnectError {
     #[error("the EtcdCluster names no workload cluster (set clusterRef or kubeconfigSecretRef)")]
     NoClusterReference,
+    #[error("the kubeconfig Secret is not named as a Secret can be: {0}")]
+    InvalidReference(String),
     #[error("kubeconfig {0} not found")]
     SecretNotFound(KubeconfigLocation),
     #[error("kubeconfig {0}: the key is missing from the Secret")]
@@ -98,6 +109,7 @@ impl ConnectError {
     pub fn reason(&self) -> &'static str {
         match self {
             ConnectError::NoClusterReference => "NoClusterReference",
+            ConnectError::InvalidReference(_) => "InvalidReference",
             ConnectError::SecretNotFound(_) => "KubeconfigSecretNotFound",
             ConnectError::SecretKeyMissing(_) => "KubeconfigKeyMissing",
             ConnectError::KubeconfigInvalid { .. } => "KubeconfigInvalid",
@@ -139,6 +151,9 @@ pub trait WorkloadClientFactory: Send + Sync {
 pub struct KubeconfigClientFactory {
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
+    /// The most of an answer read, and the longest a call may take
+    /// ([`bounded`]).
+    pub bounds: bounded::BoundedLayer,
 }
 
 impl Default for KubeconfigClientFactory {
@@ -146,6 +161,7 @@ impl Default for KubeconfigClientFactory {
         KubeconfigClientFactory {
             connect_timeout: Duration::from_secs(5),
             read_timeout: Duration::from_secs(20),
+            bounds: bounded::BoundedLayer::default(),
         }
     }
 }
@@ -174,7 +190,7 @@ impl WorkloadClientFactory for KubeconfigClientFactory {
             // reconcile of a cluster whose API is down; the connector's own
             // per-cluster backoff handles an unavailable workload API.
             config.default_retry = false;
-            workload_client(config).map_err(|e| e.to_string())
+            workload_client(config, self.bounds).map_err(|e| e.to_string())
         })
     }
 }
@@ -198,16 +214,24 @@ const IDLE_CONNECTION: Duration = Duration::from_secs(10);
 ///   behind Nagle's algorithm for the API server's delayed ACK (tens of ms);
 /// - a TLS config that remembers a few sessions: the default one allocates
 ///   a 256-entry cache, about 14 KiB held for every workload cluster;
-/// - an idle connection closes after [`IDLE_CONNECTION`], not 90 s.
+/// - an idle connection closes after [`IDLE_CONNECTION`], not 90 s;
 ///
-/// A kubeconfig with a proxy gets kube's own builder (and its answer).
-fn workload_client(config: kube::Config) -> Result<Client, kube::Error> {
+/// and under kube's layers, the bounds of every call ([`bounded`]).
+///
+/// A kubeconfig with a proxy gets kube's own builder (and its answer),
+/// under the same bounds.
+fn workload_client(
+    config: kube::Config,
+    bounds: bounded::BoundedLayer,
+) -> Result<Client, kube::Error> {
     use hyper_util::client::legacy::connect::HttpConnector;
     use kube::client::ConfigExt;
     use tower::ServiceBuilder;
 
     if config.proxy_url.is_some() {
-        return Client::try_from(config);
+        return Ok(kube::client::ClientBuilder::try_from(config)?
+            .with_layer(&bounds)
+            .build());
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -234,6 +258,7 @@ fn workload_client(config: kube::Config) -> Result<Client, kube::Error> {
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .build(connector);
     let service = ServiceBuilder::new()
+        .layer(bounds)
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
@@ -463,6 +488,11 @@ impl WorkloadClusterConnector {
         &self,
         location: &KubeconfigLocation,
     ) -> Result<WorkloadCluster, ConnectError> {
+        // The name and key go into a request path and a lookup: checked
+        // again here, whatever admission let through before its rule.
+        if let Some(problem) = location.problem() {
+            return Err(ConnectError::InvalidReference(problem));
+        }
         let secrets: Api<Secret> = Api::namespaced(self.management.clone(), &location.namespace);
         let secret = match secrets.get_opt(&location.secret_name).await {
             Ok(Some(s)) => s,
@@ -603,6 +633,8 @@ impl WorkloadClusterConnector {
         self.cache.lock().expect("connector cache poisoned").len()
     }
 }
+
+pub mod bounded;
 
 #[cfg(test)]
 mod tests;

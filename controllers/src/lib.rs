@@ -22,9 +22,11 @@ pub mod rollout;
 pub mod runner;
 pub mod shard;
 pub mod shutdown;
+pub mod slots;
 pub mod snapshot;
 pub mod store;
 pub mod telemetry;
+pub mod tenancy;
 pub mod version_flags;
 
 /// Parameters of the controller's non-apply patches: every write names the

@@ -517,6 +517,16 @@ fn reconciler_context(
     )
     .with_owner_filter(Arc::new(move |c: &EtcdCluster| owner.owns(c)))
     .with_shutdown(shutdown.clone());
+    // One controller for every namespace shares its slots among them.
+    let share = config
+        .namespaces
+        .is_empty()
+        .then(|| usize::from(config.max_reconciles_per_namespace));
+    ctx.access.shares = Arc::new(crate::slots::Shares::new(share));
+    ctx.access.fence = Arc::new(crate::tenancy::Fence::new(
+        &config.tenancy,
+        crate::tenancy::WorkloadIdentity::from_env(),
+    ));
     if let Some(shard) = shard {
         // Ours: in scope and labelled with this shard; the scope alone is
         // what the rollouts plan over.

@@ -29,6 +29,8 @@ use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload};
 use ring::digest::{Context as Digest, SHA256};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::tenancy::{Fence, Reach, Refused, WorkloadIdentity};
+
 /// Keys of the credentials Secret.
 pub const ACCESS_KEY_ID: &str = "accessKeyId";
 pub const SECRET_ACCESS_KEY: &str = "secretAccessKey";
@@ -63,6 +65,8 @@ pub enum StoreError {
     Integrity { key: String, message: String },
     #[error("management API: {0}")]
     Api(#[source] kube::Error),
+    #[error("{0}")]
+    Refused(#[from] Refused),
 }
 
 impl StoreError {
@@ -76,6 +80,7 @@ impl StoreError {
             StoreError::NotFound(_) => "ObjectNotFound",
             StoreError::Integrity { .. } => "ChecksumMismatch",
             StoreError::Api(_) => "ManagementAPIError",
+            StoreError::Refused(r) => r.reason(),
         }
     }
 
@@ -131,22 +136,69 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-/// Reads the credentials Secret named by `destination` with one GET (never
-/// a list or watch: the controller reads only the Secrets it is pointed at).
+/// Opens namespace `namespace`'s `destination` as the fence allows (the
+/// tenant's own keys, the controller's workload identity where the platform
+/// lends it, or a local directory where it allows one), or refuses it
+/// before any request. Returns the store and the keys it was opened with.
+pub async fn open_for(
+    management: &kube::Client,
+    fence: &Fence,
+    namespace: &str,
+    destination: &ObjectStoreDestination,
+) -> Result<(Store, Option<Credentials>), StoreError> {
+    match fence.reach(namespace, destination)? {
+        Reach::Keys(name) => {
+            let credentials = get_credentials(management, namespace, name).await?;
+            Ok((
+                Store::open(destination, Some(&credentials))?,
+                Some(credentials),
+            ))
+        }
+        Reach::Workload(identity) => Ok((Store::open_as(destination, identity)?, None)),
+        Reach::Local => Ok((Store::open(destination, None)?, None)),
+    }
+}
+
+/// The keys namespace `namespace`'s `destination` is reached with, for a
+/// pod of the workload cluster that reads it (the restore seeder, a drill):
+/// `None` for a local directory the fence allows. The controller's workload
+/// identity is its own and reaches no pod elsewhere, so a bucket without
+/// `credentialsSecretName` is refused here wherever the fence lends it.
 pub async fn read_credentials(
     management: &kube::Client,
+    fence: &Fence,
     namespace: &str,
     destination: &ObjectStoreDestination,
 ) -> Result<Option<Credentials>, StoreError> {
-    let Some(name) = &destination.credentials_secret_name else {
-        return Ok(None);
-    };
+    match fence.reach(namespace, destination)? {
+        Reach::Keys(name) => Ok(Some(get_credentials(management, namespace, name).await?)),
+        Reach::Workload(_) => Err(Refused::NoCredentials {
+            namespace: namespace.to_string(),
+        }
+        .into()),
+        Reach::Local => Ok(None),
+    }
+}
+
+/// Reads the credentials Secret `name` with one GET (never a list or
+/// watch: the controller reads only the Secrets it is pointed at).
+async fn get_credentials(
+    management: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Credentials, StoreError> {
+    if let Some(problem) = etcdfleet_api::names::reference_problem("credentialsSecretName", name) {
+        return Err(StoreError::Credentials(
+            name.chars().take(64).collect(),
+            problem,
+        ));
+    }
     let api: Api<Secret> = Api::namespaced(management.clone(), namespace);
     let secret = api
         .get_opt(name)
         .await
         .map_err(StoreError::Api)?
-        .ok_or_else(|| StoreError::Credentials(name.clone(), "not found".into()))?;
+        .ok_or_else(|| StoreError::Credentials(name.to_string(), "not found".into()))?;
     let value = |key: &str| {
         secret
             .data
@@ -158,15 +210,15 @@ pub async fn read_credentials(
         (value(ACCESS_KEY_ID), value(SECRET_ACCESS_KEY))
     else {
         return Err(StoreError::Credentials(
-            name.clone(),
+            name.to_string(),
             format!("needs the keys {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}"),
         ));
     };
-    Ok(Some(Credentials {
+    Ok(Credentials {
         access_key_id,
         secret_access_key,
         session_token: value(SESSION_TOKEN),
-    }))
+    })
 }
 
 /// How many of the system's CA certificates the S3 client's verifier would
@@ -208,6 +260,53 @@ fn with_system_cas(
     }
 }
 
+/// Who a bucket is reached as: every provider is set explicitly, so the
+/// S3 client's last resort, the instance metadata service, is never built.
+enum Principal<'a> {
+    Keys(&'a Credentials),
+    Workload(&'a WorkloadIdentity),
+}
+
+impl Principal<'_> {
+    fn apply(&self, b: AmazonS3Builder) -> AmazonS3Builder {
+        use object_store::aws::AmazonS3ConfigKey as Key;
+        match self {
+            Principal::Keys(c) => {
+                let b = b
+                    .with_access_key_id(&c.access_key_id)
+                    .with_secret_access_key(&c.secret_access_key);
+                match &c.session_token {
+                    Some(t) => b.with_token(t),
+                    None => b,
+                }
+            }
+            Principal::Workload(WorkloadIdentity::WebIdentity {
+                token_file,
+                role_arn,
+                session_name,
+                sts_endpoint,
+            }) => {
+                let mut b = b
+                    .with_config(Key::WebIdentityTokenFile, token_file)
+                    .with_config(Key::RoleArn, role_arn);
+                if let Some(name) = session_name {
+                    b = b.with_config(Key::RoleSessionName, name);
+                }
+                if let Some(sts) = sts_endpoint {
+                    b = b.with_config(Key::StsEndpoint, sts);
+                }
+                b
+            }
+            Principal::Workload(WorkloadIdentity::PodIdentity {
+                full_uri,
+                token_file,
+            }) => b
+                .with_config(Key::ContainerCredentialsFullUri, full_uri)
+                .with_config(Key::ContainerAuthorizationTokenFile, token_file),
+        }
+    }
+}
+
 /// An opened destination.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -217,57 +316,78 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens `destination` (no request is made yet).
+    /// Opens `destination` (no request is made yet): a bucket with the keys
+    /// `credentials`, which it needs (the instance metadata service is never
+    /// asked for an identity), or a local directory.
     pub fn open(
         destination: &ObjectStoreDestination,
         credentials: Option<&Credentials>,
     ) -> Result<Store, StoreError> {
         match (&destination.bucket, &destination.path) {
-            (Some(bucket), None) => {
-                let system_cas = with_system_cas(destination, system_ca_certificates())?;
-                // First: the setters below change these options.
-                let options = ClientOptions::new().with_no_system_certificates(!system_cas);
-                let mut b = AmazonS3Builder::new()
-                    .with_client_options(options)
-                    .with_bucket_name(bucket)
-                    .with_region(destination.region.as_deref().unwrap_or("us-east-1"))
-                    .with_virtual_hosted_style_request(
-                        !destination.force_path_style.unwrap_or(false),
-                    )
-                    .with_allow_http(destination.allow_http.unwrap_or(false));
-                if let Some(endpoint) = &destination.endpoint {
-                    b = b.with_endpoint(endpoint);
-                }
-                if let Some(c) = credentials {
-                    b = b
-                        .with_access_key_id(&c.access_key_id)
-                        .with_secret_access_key(&c.secret_access_key);
-                    if let Some(t) = &c.session_token {
-                        b = b.with_token(t);
-                    }
-                }
-                let store = b.build().map_err(|e| StoreError::Config(e.to_string()))?;
-                Ok(Store {
-                    inner: Arc::new(store),
-                    location: format!("s3://{bucket}"),
-                })
-            }
-            (None, Some(path)) => {
-                std::fs::create_dir_all(path)
-                    .map_err(|e| StoreError::Config(format!("directory {path}: {e}")))?;
-                let store = LocalFileSystem::new_with_prefix(path)
-                    .map_err(|e| StoreError::Config(e.to_string()))?;
-                Ok(Store {
-                    inner: Arc::new(store),
-                    location: format!("file://{path}"),
-                })
-            }
+            (Some(bucket), None) => match credentials {
+                Some(c) => Self::s3(destination, bucket, Principal::Keys(c)),
+                None => Err(StoreError::Config(format!(
+                    "bucket {bucket}: no credentials (credentialsSecretName); a bucket is \
+                     reached only with keys or a workload identity, never with the identity \
+                     of the node"
+                ))),
+            },
+            (None, Some(path)) => Self::local(path),
             _ => Err(StoreError::Config(
                 "exactly one of bucket or path must be set".into(),
             )),
         }
     }
 
+    /// Opens the bucket of `destination` as the controller's workload
+    /// identity `identity` (no request is made yet).
+    pub fn open_as(
+        destination: &ObjectStoreDestination,
+        identity: &WorkloadIdentity,
+    ) -> Result<Store, StoreError> {
+        match (&destination.bucket, &destination.path) {
+            (Some(bucket), None) => Self::s3(destination, bucket, Principal::Workload(identity)),
+            _ => Err(StoreError::Config(
+                "a workload identity reaches buckets only".into(),
+            )),
+        }
+    }
+
+    fn s3(
+        destination: &ObjectStoreDestination,
+        bucket: &str,
+        principal: Principal,
+    ) -> Result<Store, StoreError> {
+        let system_cas = with_system_cas(destination, system_ca_certificates())?;
+        // First: the setters below change these options.
+        let options = ClientOptions::new().with_no_system_certificates(!system_cas);
+        let mut b = AmazonS3Builder::new()
+            .with_client_options(options)
+            .with_bucket_name(bucket)
+            .with_region(destination.region.as_deref().unwrap_or("us-east-1"))
+            .with_virtual_hosted_style_request(!destination.force_path_style.unwrap_or(false))
+            .with_allow_http(destination.allow_http.unwrap_or(false));
+        if let Some(endpoint) = &destination.endpoint {
+            b = b.with_endpoint(endpoint);
+        }
+        b = principal.apply(b);
+        let store = b.build().map_err(|e| StoreError::Config(e.to_string()))?;
+        Ok(Store {
+            inner: Arc::new(store),
+            location: format!("s3://{bucket}"),
+        })
+    }
+
+    fn local(path: &str) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(path)
+            .map_err(|e| StoreError::Config(format!("directory {path}: {e}")))?;
+        let store = LocalFileSystem::new_with_prefix(path)
+            .map_err(|e| StoreError::Config(e.to_string()))?;
+        Ok(Store {
+            inner: Arc::new(store),
+            location: format!("file://{path}"),
+        })
+    }
     /// A writer that uploads what it is given as a multipart upload (or one
     /// PUT when it stays under one part). `shutdown` completes the upload;
     /// [`Upload::abort`] cancels it.
@@ -345,13 +465,18 @@ impl Store {
         if got_size != size {
             return Err(StoreError::Integrity {
                 key: key.to_string(),
-                message: format!("holds {got_size} bytes, expected {size}"),
+                // Neither what it holds nor its digest is told: the key
+                // may name an object the caller does not own.
+                message: format!(
+                    "does not hold the {size} bytes recorded (it is {})",
+                    if got_size < size { "smaller" } else { "larger" }
+                ),
             });
         }
         if got_sha != sha256 {
             return Err(StoreError::Integrity {
                 key: key.to_string(),
-                message: format!("SHA-256 is {got_sha}, expected {sha256}"),
+                message: format!("its SHA-256 is not the {sha256} recorded"),
             });
         }
         Ok(())
@@ -488,7 +613,17 @@ mod tests {
             force_path_style: Some(true),
             ..Default::default()
         };
-        assert_eq!(Store::open(&s3, None).unwrap().location, "s3://b");
+        let keys = Credentials {
+            access_key_id: "k".into(),
+            secret_access_key: "s".into(),
+            session_token: None,
+        };
+        assert_eq!(Store::open(&s3, Some(&keys)).unwrap().location, "s3://b");
+        // Without keys a bucket gets no client: the S3 client's last
+        // resort would be the node's identity (instance metadata).
+        let e = Store::open(&s3, None).unwrap_err();
+        assert_eq!(e.reason(), "InvalidDestination");
+        assert!(e.to_string().contains("never with the identity"), "{e}");
     }
 
     #[test]

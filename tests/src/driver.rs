@@ -17,6 +17,7 @@ use etcdfleet_controllers::etcdcluster::plan::Step;
 use etcdfleet_controllers::etcdcluster::{Context, Outcome, ReconcilerSettings, reconcile_cluster};
 use etcdfleet_controllers::metrics::Metrics;
 use etcdfleet_controllers::render::RenderProfile;
+use etcdfleet_controllers::tenancy::{Fence, TenancyConfig};
 use kube::{Api, Client};
 
 /// Settings for tests: short deadlines and a short failure grace.
@@ -58,6 +59,8 @@ pub struct TestController {
     factory: Arc<dyn WorkloadClientFactory>,
     dialer: Arc<dyn EtcdDialer>,
     settings: ReconcilerSettings,
+    /// The platform's fence ([`test_fence`] unless a test sets another).
+    fence: Arc<Fence>,
 }
 
 impl TestController {
@@ -67,11 +70,11 @@ impl TestController {
         dialer: Arc<dyn EtcdDialer>,
         settings: ReconcilerSettings,
     ) -> Self {
+        let fence = Arc::new(test_fence());
         let ctx = Self::context(
-            &management,
-            &factory,
-            &dialer,
+            (&management, &factory, &dialer),
             &settings,
+            &fence,
             RenderProfile::default(),
         );
         TestController {
@@ -80,14 +83,18 @@ impl TestController {
             factory,
             dialer,
             settings,
+            fence,
         }
     }
 
     fn context(
-        management: &Client,
-        factory: &Arc<dyn WorkloadClientFactory>,
-        dialer: &Arc<dyn EtcdDialer>,
+        (management, factory, dialer): (
+            &Client,
+            &Arc<dyn WorkloadClientFactory>,
+            &Arc<dyn EtcdDialer>,
+        ),
         settings: &ReconcilerSettings,
+        fence: &Arc<Fence>,
         profile: RenderProfile,
     ) -> Context {
         let connector = WorkloadClusterConnector::new(
@@ -107,6 +114,7 @@ impl TestController {
             Arc::new(Metrics::new()),
         );
         ctx.profile = profile;
+        ctx.access.fence = fence.clone();
         ctx
     }
 
@@ -115,10 +123,9 @@ impl TestController {
     pub fn restart(&mut self) {
         let profile = self.ctx.profile.clone();
         self.ctx = Arc::new(Self::context(
-            &self.management,
-            &self.factory,
-            &self.dialer,
+            (&self.management, &self.factory, &self.dialer),
             &self.settings,
+            &self.fence,
             profile,
         ));
     }
@@ -126,12 +133,18 @@ impl TestController {
     /// A controller of the next release: same state, different rendering.
     pub fn upgrade_to(&mut self, profile: RenderProfile) {
         self.ctx = Arc::new(Self::context(
-            &self.management,
-            &self.factory,
-            &self.dialer,
+            (&self.management, &self.factory, &self.dialer),
             &self.settings,
+            &self.fence,
             profile,
         ));
+    }
+
+    /// The same controller behind another fence (a platform that changed
+    /// its configuration and restarted the controller).
+    pub fn set_fence(&mut self, fence: Fence) {
+        self.fence = Arc::new(fence);
+        self.restart();
     }
 
     /// Reads the cluster and reconciles it once.
@@ -146,6 +159,18 @@ impl TestController {
         let reconcile = tokio::spawn(async move { reconcile_cluster(&cluster, &ctx).await });
         Ok(reconcile.await??)
     }
+}
+
+/// The fence of the test world: its tests keep snapshots in directories
+/// of their own (`destination.path`) in every namespace, which the platform
+/// allows by its configuration, never by default. Lends no workload
+/// identity.
+pub fn test_fence() -> Fence {
+    let config = TenancyConfig {
+        local_destination_namespaces: vec!["*".into()],
+        ..Default::default()
+    };
+    Fence::new(&config, None)
 }
 
 /// What [`converge`] saw.

@@ -326,3 +326,142 @@ async fn a_deleted_cluster_is_forgotten_by_the_connector() -> Result<()> {
     assert_eq!(conn.cached(), 1, "only b's client remains");
     Ok(())
 }
+
+/// A workload API server a tenant could name: to every request it answers
+/// 200 with a body of `body_bytes` bytes, as fast as it can (`every` zero)
+/// or one byte per `every`. Counts the bytes it sent.
+struct HostileServer {
+    url: String,
+    sent: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl HostileServer {
+    async fn start(body_bytes: u64, every: Duration) -> Result<HostileServer> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = sent.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = stream.read(&mut buf).await;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {body_bytes}\r\n\r\n"
+                    );
+                    if stream.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let chunk = if every.is_zero() {
+                        vec![b' '; 64 * 1024]
+                    } else {
+                        vec![b' ']
+                    };
+                    let mut left = body_bytes;
+                    while left > 0 {
+                        let n = left.min(chunk.len() as u64) as usize;
+                        if stream.write_all(&chunk[..n]).await.is_err() {
+                            return;
+                        }
+                        counted.fetch_add(n as u64, Ordering::SeqCst);
+                        left -= n as u64;
+                        tokio::time::sleep(every).await;
+                    }
+                });
+            }
+        });
+        Ok(HostileServer { url, sent })
+    }
+
+    fn kubeconfig(&self) -> Kubeconfig {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: t\nclusters: [{{name: t, cluster: {{server: '{}'}}}}]\n\
+             users: [{{name: t, user: {{token: tenant}}}}]\ncontexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n",
+            self.url
+        );
+        Kubeconfig::from_yaml(&text).expect("a kubeconfig")
+    }
+}
+
+/// This process's resident set, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    (status.lines())
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Every message in an error's chain.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Issue 52: a workload API server is named by a tenant's kubeconfig. One
+/// that answers a 512 MiB body costs the controller at most the cap it
+/// reads (RSS grows by less than 64 MiB), and one that trickles its answer
+/// a byte a second ends the call at the deadline; neither holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_hostile_workload_api_server_gets_a_bounded_read_and_a_deadline() -> Result<()> {
+    use etcdfleet_controllers::connector::KubeconfigClientFactory;
+    use etcdfleet_controllers::connector::bounded::{BoundedLayer, MAX_RESPONSE_BYTES};
+    use k8s_openapi::api::core::v1::Pod;
+    // As `run` does: ring, the provider kube's feature names.
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    let factory = KubeconfigClientFactory {
+        bounds: BoundedLayer {
+            max_bytes: MAX_RESPONSE_BYTES,
+            deadline: Duration::from_secs(3),
+        },
+        ..Default::default()
+    };
+    let huge = HostileServer::start(512 << 20, Duration::ZERO).await?;
+    let before = rss_kib();
+    let client = factory
+        .build(&huge.kubeconfig(), &huge.url)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let err = kube::Api::<Pod>::namespaced(client, "etcd-system")
+        .list(&Default::default())
+        .await
+        .expect_err("a 512 MiB answer is not read");
+    let grew_kib = rss_kib().saturating_sub(before);
+    let why = chain(&err);
+    assert!(
+        why.contains(&format!("over {MAX_RESPONSE_BYTES} bytes")),
+        "{why}"
+    );
+    let sent = huge.sent.load(Ordering::SeqCst);
+    assert!(
+        sent > MAX_RESPONSE_BYTES,
+        "the server sent only {sent} bytes"
+    );
+    assert!(grew_kib < 64 * 1024, "RSS grew by {grew_kib} KiB");
+    eprintln!("512 MiB answer: refused after {sent} bytes sent, RSS grew by {grew_kib} KiB");
+
+    let trickle = HostileServer::start(1000, Duration::from_secs(1)).await?;
+    let client = factory
+        .build(&trickle.kubeconfig(), &trickle.url)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let started = std::time::Instant::now();
+    let err = kube::Api::<Pod>::namespaced(client, "etcd-system")
+        .list(&Default::default())
+        .await
+        .expect_err("a trickled answer is not waited for");
+    let took = started.elapsed();
+    let why = chain(&err);
+    assert!(why.contains("within 3s"), "{why}");
+    assert!(took < Duration::from_secs(8), "the call took {took:?}");
+    eprintln!("trickled answer: ended after {took:?}");
+    Ok(())
+}

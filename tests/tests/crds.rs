@@ -97,6 +97,70 @@ fn crd_json(name: &str) -> Value {
     etcdfleet_api::yaml::from_str(&file.content).unwrap()
 }
 
+/// The fields of `node` (at `path`) that have no bound: a string with
+/// neither `maxLength` nor `enum`, a list without `maxItems`, a map
+/// without `maxProperties`.
+fn unbounded(node: &Value, path: &str, out: &mut Vec<String>) {
+    match node["type"].as_str() {
+        Some("string") if node.get("maxLength").is_none() && node.get("enum").is_none() => {
+            out.push(path.to_string())
+        }
+        Some("array") => {
+            if node.get("maxItems").is_none() {
+                out.push(format!("{path}[]"));
+            }
+            unbounded(&node["items"], &format!("{path}[*]"), out);
+        }
+        Some("object") => {
+            if node["additionalProperties"].is_object() {
+                if node.get("maxProperties").is_none() {
+                    out.push(format!("{path}{{}}"));
+                }
+                unbounded(&node["additionalProperties"], &format!("{path}{{*}}"), out);
+            }
+            for (field, schema) in node["properties"].as_object().into_iter().flatten() {
+                unbounded(schema, &format!("{path}.{field}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Issue 52: every field a tenant writes is input from an adversary on a
+/// shared management cluster; no string, list or map of any kind, in any
+/// served version, spec or status, project type or embedded Kubernetes
+/// type, is unbounded (a test that walks the generated schemas).
+#[test]
+fn no_field_a_tenant_writes_is_unbounded_in_any_crd() {
+    let mut out = Vec::new();
+    let mut strings = 0;
+    for crd in crd::crds() {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
+        for version in crd["spec"]["versions"].as_array().unwrap() {
+            let schema = &version["schema"]["openAPIV3Schema"];
+            let path = format!("{kind}/{}", version["name"].as_str().unwrap());
+            unbounded(schema, &path, &mut out);
+            strings += schema.to_string().matches(r#""type":"string""#).count();
+        }
+    }
+    assert!(
+        strings > 500,
+        "the walk saw {strings} strings: it walked nothing"
+    );
+    assert!(out.is_empty(), "unbounded fields:\n{}", out.join("\n"));
+    let cluster = crd_json("etcdclusters.etcdfleet.dev");
+    let spec = &cluster["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(
+        spec["properties"]["clusterRef"]["properties"]["name"]["maxLength"],
+        253
+    );
+    assert_eq!(
+        spec["properties"]["podTemplate"]["properties"]["tolerations"]["maxItems"],
+        64
+    );
+}
+
 const CRD_NAMES: [&str; 3] = [
     "etcdclusters.etcdfleet.dev",
     "etcdtemplates.etcdfleet.dev",
@@ -407,26 +471,40 @@ fn cel_exactly_one_way_to_reach_the_workload_cluster() {
     assert!(messages(neither.validate_cel()).contains(MSG));
 }
 
+/// Issue 52: a reference name goes into a request path, so it must be an
+/// object name: not empty, no `/`, no `..`, nothing uppercase.
 #[test]
-fn cel_names_must_not_be_empty() {
-    let cases = [
-        (
-            "  clusterRef: {name: ''}\n",
-            "spec.clusterRef.name: clusterRef.name must not be empty",
-        ),
-        (
-            "  kubeconfigSecretRef: {name: ''}\n",
-            "spec.kubeconfigSecretRef.name: kubeconfigSecretRef.name must not be empty",
-        ),
-        (
-            "  clusterRef: {name: shop}\n  templateRef: {kind: ClusterEtcdTemplate, name: ''}\n",
-            "spec.templateRef.name: templateRef.name must not be empty",
-        ),
-    ];
-    for (spec, expected) in cases {
-        let msg = messages(cluster(spec).validate_cel());
-        assert!(msg.contains(expected), "{spec}: {msg:?}");
+fn cel_a_tenants_reference_names_must_be_object_names() {
+    for bad in ["''", "'../../kube-system/secrets/x'", "Shop", "'a/b'"] {
+        let cases = [
+            (
+                format!("  clusterRef: {{name: {bad}}}\n"),
+                "spec.clusterRef.name: clusterRef.name must be an object name",
+            ),
+            (
+                format!("  kubeconfigSecretRef: {{name: {bad}}}\n"),
+                "spec.kubeconfigSecretRef.name: kubeconfigSecretRef.name must be an object name",
+            ),
+            (
+                format!(
+                    "  clusterRef: {{name: shop}}\n  templateRef: {{kind: ClusterEtcdTemplate, name: {bad}}}\n"
+                ),
+                "spec.templateRef.name: templateRef.name must be an object name",
+            ),
+        ];
+        for (spec, expected) in cases {
+            let msg = messages(cluster(&spec).validate_cel());
+            assert!(msg.contains(expected), "{spec}: {msg:?}");
+        }
     }
+    let key = "  kubeconfigSecretRef: {name: shop-admin, key: '../x'}\n";
+    let msg = messages(cluster(key).validate_cel());
+    assert!(
+        msg.contains("kubeconfigSecretRef.key must be a Secret key"),
+        "{msg}"
+    );
+    let fine = "  kubeconfigSecretRef: {name: shop.admin-1, key: admin.conf}\n";
+    assert!(cluster(fine).validate_cel().is_ok());
 }
 
 #[test]
@@ -619,7 +697,15 @@ fn cel_backup_destination_is_a_bucket_or_a_path_and_spec_is_immutable() {
         messages(backup("  clusterName: shop\n  destination: {path: relative}\n").validate_cel());
     assert!(msg.contains("path must be absolute"), "{msg}");
     let msg = messages(backup("  clusterName: ''\n").validate_cel());
-    assert!(msg.contains("clusterName must not be empty"), "{msg}");
+    assert!(msg.contains("clusterName must be an object name"), "{msg}");
+    let msg = messages(backup("  clusterName: '../other'\n").validate_cel());
+    assert!(msg.contains("clusterName must be an object name"), "{msg}");
+    let to = "  clusterName: shop\n  destination: {bucket: b, credentialsSecretName: '../x'}\n";
+    let msg = messages(backup(to).validate_cel());
+    assert!(
+        msg.contains("credentialsSecretName must be an object name"),
+        "{msg}"
+    );
 
     let old = backup("  clusterName: shop\n");
     let retargeted = backup("  clusterName: other\n");
@@ -753,7 +839,7 @@ fn cel_restore_names_a_backup_or_a_checked_object() {
         ),
         (
             "  bootstrap: {restore: {backupName: ''}}\n".to_string(),
-            "backupName must not be empty",
+            "backupName must be an object name",
         ),
     ];
     for (spec, expected) in cases {
@@ -801,7 +887,7 @@ fn cel_join_names_client_urls_and_is_set_only_at_creation() {
         ),
         (
             "  bootstrap: {join: {endpoints: [\"https://e:2379\"], credentialsSecretName: ''}}\n",
-            "credentialsSecretName must not be empty",
+            "credentialsSecretName must be an object name",
         ),
         (
             "  bootstrap: {restore: {backupName: b}, join: {endpoints: [\"https://e:2379\"]}}\n",

@@ -615,3 +615,111 @@ async fn an_object_store_outage_while_streaming_a_backup_is_reported_as_a_store_
     assert!(!metrics.contains("IOError"), "{metrics}");
     Ok(())
 }
+
+/// An identity endpoint the test owns, as an EKS Pod Identity agent
+/// answers (temporary keys, which moto accepts): counts the requests.
+struct IdentityEndpoint {
+    url: String,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl IdentityEndpoint {
+    async fn start() -> Result<IdentityEndpoint> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/v1/credentials", listener.local_addr()?);
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body = format!(
+                        r#"{{"AccessKeyId":"{ACCESS_KEY_ID}","SecretAccessKey":"{SECRET_ACCESS_KEY}","Token":"t","Expiration":"2099-01-01T00:00:00Z"}}"#
+                    );
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Ok(IdentityEndpoint { url, requests })
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+/// Issue 52: a tenant's bucket destination without `credentialsSecretName`
+/// is refused before any request, in a namespace the platform lends no
+/// identity to, and the identity endpoint the controller knows is never
+/// asked; lent to the namespace, the same backup is taken as that identity
+/// (which shows the endpoint is the one a lent identity asks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_bucket_without_credentials_is_refused_and_no_identity_is_asked() -> Result<()> {
+    use etcdfleet_controllers::tenancy::{Fence, TenancyConfig, WorkloadIdentity};
+    if require_etcd(EtcdVersion::V3_5).is_none() {
+        return Ok(());
+    }
+    let Some(s3) = S3Server::start() else {
+        return Ok(());
+    };
+    s3.create_bucket("tenants")?;
+    let identity = IdentityEndpoint::start().await?;
+    let token = tempfile::NamedTempFile::new()?;
+    std::fs::write(token.path(), "projected-token")?;
+    let lent_to = |namespaces: &[&str]| {
+        let config = TenancyConfig {
+            workload_identity_namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        Fence::new(
+            &config,
+            Some(WorkloadIdentity::PodIdentity {
+                full_uri: identity.url.clone(),
+                token_file: token.path().display().to_string(),
+            }),
+        )
+    };
+    let (fleet, mut ctl) = running(&["a"], &[cluster("etcd-a", "a", 1, "3.5.1")]).await?;
+    let mut destination = s3.destination("tenants", CREDENTIALS);
+    destination.credentials_secret_name = None;
+
+    ctl.set_fence(lent_to(&["another-team"]));
+    let (_clock, now) = TestClock::new();
+    create_backup(&fleet, "no-keys", "etcd-a", destination.clone()).await?;
+    let outcomes = drive_backup(&fleet, &backup_context(&ctl, now.clone()), "no-keys").await?;
+    let Some(Outcome::AttemptFailed { reason, message }) = outcomes.last() else {
+        panic!("expected a refused attempt: {outcomes:?}");
+    };
+    assert_eq!(reason, "CredentialsRequired", "{message}");
+    assert!(message.contains("credentialsSecretName"), "{message}");
+    let b = get_backup(&fleet, "no-keys").await?;
+    let failed = conditions::find(&status_of(&b)?.conditions, condition::FAILED)
+        .context("Failed condition")?;
+    assert_eq!(failed.reason, "CredentialsRequired", "{failed:?}");
+    assert_eq!(identity.requests(), 0, "the identity endpoint was asked");
+
+    ctl.set_fence(lent_to(&[NS]));
+    create_backup(&fleet, "lent", "etcd-a", destination).await?;
+    drive_backup(&fleet, &backup_context(&ctl, now), "lent").await?;
+    let b = get_backup(&fleet, "lent").await?;
+    assert_eq!(
+        status_of(&b)?.phase.as_deref(),
+        Some(phase::SUCCEEDED),
+        "{b:#?}"
+    );
+    assert!(identity.requests() >= 1, "the lent identity was not used");
+    Ok(())
+}

@@ -253,7 +253,13 @@ async fn real_storage_migration_keeps_every_object_and_a_v1beta1_only_build_star
     stop_installed_controller(&world)?;
     world.install_workload_rbac()?;
     let config = dir.path().join("config.yaml");
-    std::fs::write(&config, world.installed_controller_config()?)?;
+    // The stage's configuration, with this test's snapshots in a directory
+    // of its own, which the platform allows for its namespace.
+    let installed = world.installed_controller_config()?;
+    std::fs::write(
+        &config,
+        format!("{installed}\ntenancy: {{localDestinationNamespaces: [{NS}]}}\n"),
+    )?;
     let config = config.display().to_string();
     let token = world.controller_token().await?;
     let p = start_controller(&world, &token, &config, "before-migration");

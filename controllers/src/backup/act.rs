@@ -14,7 +14,7 @@ use crate::connector::{ConnectError, KubeconfigLocation};
 use crate::render::Names;
 pub use crate::snapshot::Taken;
 use crate::snapshot::{SnapshotError, take_from};
-use crate::store::{Store, StoreError, read_credentials};
+use crate::store::{StoreError, open_for};
 
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +60,7 @@ pub async fn take(
         backup.spec.destination.as_ref(),
         cluster.spec.config.backup.as_ref(),
     )?;
-    let credentials = read_credentials(&access.management, &ns, &destination).await?;
-    let store = Store::open(&destination, credentials.as_ref())?;
+    let (store, _) = open_for(&access.management, &access.fence, &ns, &destination).await?;
 
     // Reach etcd exactly as the cluster reconciler does (same PKI, same
     // dialer, same pooled connections); nothing here writes to the cluster.

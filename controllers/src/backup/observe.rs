@@ -61,10 +61,14 @@ pub async fn observe(
     let ns = backup.namespace().unwrap_or_default();
     let cluster_name = &backup.spec.cluster_name;
     let cluster_key = format!("{ns}/{cluster_name}");
-    let cluster = Api::<EtcdCluster>::namespaced(ctx.access().management.clone(), &ns)
-        .get_opt(cluster_name)
-        .await
-        .map_err(Error::ManagementApi)?;
+    let invalid = etcdfleet_api::names::reference_problem("clusterName", cluster_name);
+    let cluster = match invalid {
+        Some(_) => None,
+        None => Api::<EtcdCluster>::namespaced(ctx.access().management.clone(), &ns)
+            .get_opt(cluster_name)
+            .await
+            .map_err(Error::ManagementApi)?,
+    };
     if cluster.as_ref().is_some_and(|c| !ctx.access().owns(c)) {
         return Ok(None);
     }
@@ -80,7 +84,7 @@ pub async fn observe(
         attempts: status.attempts,
         next_attempt_at: status.next_attempt_at.as_ref().map(|t| t.0),
         now,
-        cluster_not_ready: cluster_not_ready(cluster.as_ref(), cluster_name),
+        cluster_not_ready: invalid.or_else(|| cluster_not_ready(cluster.as_ref(), cluster_name)),
         other_running,
     };
     Ok(Some(Observed {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use etcdfleet_api::backup::{
     BackupConfigError, BackupRecord, CLUSTER_LABEL, CronSchedule, Retention, SCHEDULE_LABEL,
     SCHEDULED_TIME_ANNOTATION, condition, due_run, metadata_key, next_run, parse_schedule, phase,
-    resolve_destination, scheduled_backup_name, select_for_pruning,
+    resolve_destination, scheduled_backup_name, select_for_pruning, shortest_interval,
 };
 use etcdfleet_api::conditions::{self as conds, set_condition};
 use etcdfleet_api::{
@@ -25,7 +25,7 @@ use kube::{Resource, ResourceExt};
 use tracing::warn;
 
 use super::{Context, Error, Result};
-use crate::store::{Store, read_credentials};
+use crate::store::open_for;
 
 /// What the schedule planner needs to know.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,21 +171,29 @@ enum Resolution {
 /// Resolve: the schedule's fields, else its cluster's `spec.backup`.
 async fn resolve(schedule: &EtcdBackupSchedule, ctx: &Context) -> Result<Resolution> {
     let ns = schedule.namespace().unwrap_or_default();
+    let name = &schedule.spec.cluster_name;
+    if let Some(problem) = etcdfleet_api::names::reference_problem("clusterName", name) {
+        return Ok(Resolution::Invalid(BackupConfigError::InvalidReference(
+            problem,
+        )));
+    }
     let cluster = Api::<EtcdCluster>::namespaced(ctx.access().management.clone(), &ns)
-        .get_opt(&schedule.spec.cluster_name)
+        .get_opt(name)
         .await
         .map_err(Error::ManagementApi)?;
     if cluster.as_ref().is_some_and(|c| !ctx.access().owns(c)) {
         return Ok(Resolution::NotOurs);
     }
     let defaults = cluster.as_ref().and_then(|c| c.spec.config.backup.as_ref());
-    Ok(match resolve_schedule(schedule, defaults) {
-        Ok(mut resolved) => {
-            resolved.cluster = cluster.map(Box::new);
-            Resolution::Resolved(Box::new(resolved))
-        }
-        Err(e) => Resolution::Invalid(e),
-    })
+    Ok(
+        match resolve_schedule(schedule, defaults, &ctx.access().fence, ctx.now()) {
+            Ok(mut resolved) => {
+                resolved.cluster = cluster.map(Box::new);
+                Resolution::Resolved(Box::new(resolved))
+            }
+            Err(e) => Resolution::Invalid(e),
+        },
+    )
 }
 
 /// Report a schedule that does not resolve: `Scheduled=False` with why,
@@ -200,6 +208,8 @@ async fn report_invalid(
     let reason = match e {
         BackupConfigError::NoSchedule => "NoSchedule",
         BackupConfigError::NoDestination => "NoDestination",
+        BackupConfigError::InvalidReference(_) => "InvalidReference",
+        BackupConfigError::TooFrequent { .. } => "ScheduleTooFrequent",
         _ => "InvalidSchedule",
     };
     let mut status = EtcdBackupScheduleStatus {
@@ -336,6 +346,8 @@ fn backups_api(ctx: &Context, schedule: &EtcdBackupSchedule) -> Api<EtcdBackup> 
 fn resolve_schedule(
     schedule: &EtcdBackupSchedule,
     defaults: Option<&BackupSpec>,
+    fence: &crate::tenancy::Fence,
+    now: Timestamp,
 ) -> Result<Resolved, BackupConfigError> {
     let text = schedule
         .spec
@@ -344,7 +356,18 @@ fn resolve_schedule(
         .or_else(|| defaults.and_then(|d| d.schedule.clone()))
         .ok_or(BackupConfigError::NoSchedule)?;
     let cron = parse_schedule(&text)?;
-    let retention = Retention::resolve(schedule.spec.retention.as_ref(), defaults)?;
+    let min = fence.min_schedule_interval;
+    if let Some(every) = shortest_interval(&cron, now).filter(|every| *every < min) {
+        return Err(BackupConfigError::TooFrequent {
+            schedule: text,
+            every,
+            min,
+        });
+    }
+    let mut retention = Retention::resolve(schedule.spec.retention.as_ref(), defaults)?;
+    if retention == Retention::default() {
+        retention.count = Some(fence.default_retention_count);
+    }
     let destination = resolve_destination(schedule.spec.destination.as_ref(), defaults)?;
     Ok(Resolved {
         text,
@@ -492,8 +515,8 @@ async fn prune(ctx: &Context, ns: &str, backup: &EtcdBackup) -> Result<()> {
         s.and_then(|s| s.object_key.as_ref()),
     ) {
         let removed = async {
-            let credentials = read_credentials(&ctx.access().management, ns, destination).await?;
-            let store = Store::open(destination, credentials.as_ref())?;
+            let access = ctx.access();
+            let (store, _) = open_for(&access.management, &access.fence, ns, destination).await?;
             store.delete(key).await?;
             store.delete(&metadata_key(key)).await
         }
@@ -561,6 +584,63 @@ async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tenant_schedule(cron: &str, retention: Option<i32>) -> EtcdBackupSchedule {
+        EtcdBackupSchedule::new(
+            "s",
+            etcdfleet_api::EtcdBackupScheduleSpec {
+                cluster_name: "shop".into(),
+                schedule: Some(cron.into()),
+                retention: retention.map(|count| etcdfleet_api::RetentionPolicy {
+                    count: Some(count),
+                    ..Default::default()
+                }),
+                destination: Some(ObjectStoreDestination {
+                    path: Some("/b".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_tenant_schedule_runs_no_more_often_than_the_platform_allows_and_keeps_a_bounded_count() {
+        let fence = crate::tenancy::Fence::default();
+        let now: Timestamp = "2026-12-02T04:00:00Z".parse().unwrap();
+        let e = resolve_schedule(&tenant_schedule("* * * * *", None), None, &fence, now)
+            .err()
+            .expect("every minute is refused");
+        assert!(
+            matches!(
+                e,
+                BackupConfigError::TooFrequent {
+                    every: 60,
+                    min: 900,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("tenancy.minScheduleIntervalSeconds"),
+            "{e}"
+        );
+        let ok =
+            resolve_schedule(&tenant_schedule("*/15 * * * *", None), None, &fence, now).unwrap();
+        assert_eq!(
+            ok.retention.count,
+            Some(30),
+            "no retention set: the platform's default"
+        );
+        let own =
+            resolve_schedule(&tenant_schedule("0 * * * *", Some(3)), None, &fence, now).unwrap();
+        assert_eq!(
+            own.retention.count,
+            Some(3),
+            "a schedule's own retention stands"
+        );
+    }
 
     #[test]
     fn schedule_planner_table() {

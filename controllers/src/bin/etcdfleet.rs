@@ -197,6 +197,9 @@ struct RunArgs {
     /// Reconcile at most this many EtcdClusters at once per watched namespace [file: maxConcurrentReconciles; default 16].
     #[arg(long)]
     max_concurrent_reconciles: Option<u16>,
+    /// Watching every namespace: at most this many reconciles of one namespace's clusters at once [file: maxReconcilesPerNamespace; default 4].
+    #[arg(long)]
+    max_reconciles_per_namespace: Option<u16>,
     /// Triggers for one cluster within this window cause one reconcile [file: debounceMilliseconds; default 200].
     #[arg(long)]
     debounce_milliseconds: Option<u64>,
@@ -600,6 +603,7 @@ async fn run(args: RunArgs) -> ExitCode {
         metrics_address: args.metrics_address,
         log_format: args.log_format,
         max_concurrent_reconciles: args.max_concurrent_reconciles,
+        max_reconciles_per_namespace: args.max_reconciles_per_namespace,
         debounce_milliseconds: args.debounce_milliseconds,
         shutdown_grace_seconds: args.shutdown_grace_seconds,
         dialer: args.dialer.as_deref().map(|d| match d {

@@ -55,6 +55,7 @@ async fn a_pooled_connections_idle_time_does_not_count_against_the_next_read_tim
     let factory = KubeconfigClientFactory {
         connect_timeout: Duration::from_secs(1),
         read_timeout: Duration::from_secs(2),
+        ..Default::default()
     };
     let client = factory
         .build(&kubeconfig(addr), "")

@@ -47,6 +47,12 @@ pub const READ_BUFFER: usize = 4 * 1024;
 /// The largest message sent: writes beyond it go out in the next message.
 const MAX_WRITE: usize = 64 * 1024;
 
+/// The largest message (and frame) a tunnel reads: 32 times the 32 KiB
+/// messages snapshots stream in. The workload API server is a tenant's to
+/// name; the websocket library's own bound, 64 MiB, would let one tunnel
+/// hold that much of the controller's memory.
+pub const MAX_MESSAGE: usize = 1024 * 1024;
+
 const DATA: u8 = 0;
 const ERROR: u8 = 1;
 
@@ -131,7 +137,9 @@ impl Tunnel {
             .map_err(|e| upgrade_error(format!("upgrading the connection: {e}")))?;
         let config = WebSocketConfig::default()
             .read_buffer_size(READ_BUFFER)
-            .write_buffer_size(0);
+            .write_buffer_size(0)
+            .max_message_size(Some(MAX_MESSAGE))
+            .max_frame_size(Some(MAX_MESSAGE));
         let ws =
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, Some(config))
                 .await;

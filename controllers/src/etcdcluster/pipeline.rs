@@ -46,6 +46,10 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<A
     let Ok(_pass) = ctx.access.enter(&namespace, &cluster.name_any()) else {
         return Ok(Action::requeue(crate::access::GATE_RETRY));
     };
+    // All namespaces in one controller: no tenant holds every slot.
+    let Some(_share) = ctx.access.shares.take(&namespace) else {
+        return Ok(Action::requeue(crate::slots::RETRY));
+    };
     let started = std::time::Instant::now();
     let outcome = reconcile_cluster(&cluster, &ctx).await;
     ctx.metrics

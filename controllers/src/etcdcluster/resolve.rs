@@ -40,9 +40,21 @@ async fn fetch_templates(
     };
     let ns = cluster.namespace().unwrap_or_default();
     let cluster_templates: Api<ClusterEtcdTemplate> = Api::all(ctx.management.clone());
-    let get_cluster_template = |name: String| {
+    // A name goes into a request path only once it is an object name.
+    let invalid = |path: &str, name: &str| {
+        etcdfleet_api::names::reference_problem(path, name).map(|message| {
+            ResolveError::InvalidField {
+                path: path.to_string(),
+                message,
+            }
+        })
+    };
+    let get_cluster_template = |name: String, path: &'static str| {
         let api = cluster_templates.clone();
         async move {
+            if let Some(e) = invalid(path, &name) {
+                return Ok(Err(e));
+            }
             match api.get_opt(&name).await.map_err(Error::ManagementApi)? {
                 Some(t) => Ok::<_, Error>(Ok(t)),
                 None => Ok(Err(ResolveError::TemplateNotFound {
@@ -53,10 +65,16 @@ async fn fetch_templates(
         }
     };
     match template_ref.kind {
-        TemplateKind::ClusterEtcdTemplate => Ok(get_cluster_template(template_ref.name.clone())
-            .await?
-            .map(|ct| (Some(ct), None))),
+        TemplateKind::ClusterEtcdTemplate => Ok(get_cluster_template(
+            template_ref.name.clone(),
+            "spec.templateRef.name",
+        )
+        .await?
+        .map(|ct| (Some(ct), None))),
         TemplateKind::EtcdTemplate => {
+            if let Some(e) = invalid("spec.templateRef.name", &template_ref.name) {
+                return Ok(Err(e));
+            }
             let api: Api<EtcdTemplate> = Api::namespaced(ctx.management.clone(), &ns);
             let Some(t) = api
                 .get_opt(&template_ref.name)
@@ -69,7 +87,7 @@ async fn fetch_templates(
                 }));
             };
             match &t.spec.base_template {
-                Some(base) => Ok(get_cluster_template(base.clone())
+                Some(base) => Ok(get_cluster_template(base.clone(), "baseTemplate")
                     .await?
                     .map(|ct| (Some(ct), Some(t)))),
                 None => Ok(Ok((None, Some(t)))),

@@ -582,7 +582,10 @@ impl Builder {
                     m.status.as_ref().map(|s| s.db_size_in_use),
                     previous.and_then(|p| p.db_size_in_use_bytes),
                 ),
-                message: if m.healthy { None } else { m.error.clone() },
+                message: (!m.healthy)
+                    .then(|| m.error.clone())
+                    .flatten()
+                    .map(|e| conditions::bounded(e, conditions::MESSAGE_LIMIT)),
                 unhealthy_since: if m.healthy {
                     None
                 } else {
@@ -721,10 +724,13 @@ impl Builder {
                 "Succeeded"
             }
             .to_string(),
-            message: Some(match error {
-                Some(e) => format!("{step}: {e}"),
-                None => step.to_string(),
-            }),
+            message: Some(conditions::bounded(
+                match error {
+                    Some(e) => format!("{step}: {e}"),
+                    None => step.to_string(),
+                },
+                conditions::MESSAGE_LIMIT,
+            )),
             time: Some(now()),
             failures,
         });

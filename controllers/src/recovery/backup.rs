@@ -34,7 +34,7 @@ pub const VERDICT_KEPT: Duration = Duration::from_secs(600);
 /// does. `verdicts` holds the verdicts already reached. A failure to reach
 /// the management API is an error.
 pub async fn newest_verified(
-    management: &kube::Client,
+    (management, fence): (&kube::Client, &crate::tenancy::Fence),
     cluster: &EtcdCluster,
     (version, seeder_image): (&str, &str),
     verdicts: &mut Verdicts,
@@ -61,7 +61,7 @@ pub async fn newest_verified(
         let verdict = match verdicts.get(&key) {
             Some((v, _)) => v.clone(),
             None => {
-                let v = verify(management, &ns, backup, (version, seeder_image)).await?;
+                let v = verify((management, fence), &ns, backup, (version, seeder_image)).await?;
                 verdicts.insert(key, (v.clone(), Instant::now()));
                 v
             }
@@ -125,7 +125,7 @@ fn verdict_key(backup: &EtcdBackup) -> String {
 
 /// Reads the backup's object back through the restore's check.
 async fn verify(
-    management: &kube::Client,
+    (management, fence): (&kube::Client, &crate::tenancy::Fence),
     ns: &str,
     backup: &EtcdBackup,
     (version, seeder_image): (&str, &str),
@@ -134,7 +134,8 @@ async fn verify(
         backup_name: Some(backup.name_any()),
         ..Default::default()
     };
-    let verdict = crate::restore::verify(management, ns, &source, version, seeder_image).await?;
+    let verdict =
+        crate::restore::verify((management, fence), ns, &source, version, seeder_image).await?;
     let status = backup.status.as_ref();
     Ok(match verdict {
         Ok(snapshot) => Ok(RecoveryBackup {

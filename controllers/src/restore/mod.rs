@@ -12,6 +12,7 @@ use kube::api::Api;
 use tracing::info;
 
 use crate::store::{Store, StoreError, read_credentials};
+use crate::tenancy::Fence;
 use snapshot::SnapshotScanner;
 
 pub mod seed;
@@ -60,7 +61,7 @@ pub fn kept_volumes(pvcs: &[String]) -> Option<api::Refusal> {
 /// snapshot comes back as the record the seeder is rendered from
 /// (`status.restore`). `None`: the cluster does not restore.
 pub async fn gate(
-    management: &kube::Client,
+    (management, fence): (&kube::Client, &Fence),
     cluster: &EtcdCluster,
     requested_version: &str,
     default_seeder_image: &str,
@@ -75,7 +76,7 @@ pub async fn gate(
     };
     let ns = cluster.namespace().unwrap_or_default();
     let verdict = verify(
-        management,
+        (management, fence),
         &ns,
         source,
         requested_version,
@@ -99,7 +100,7 @@ pub async fn gate(
 /// is whole but `requested_version` may not run it). A failure to reach
 /// the management API is an error.
 pub async fn verify(
-    management: &kube::Client,
+    (management, fence): (&kube::Client, &Fence),
     ns: &str,
     source: &RestoreSource,
     requested_version: &str,
@@ -110,7 +111,7 @@ pub async fn verify(
         Err(refusal) => return Ok(Err((refusal, false))),
     };
     let mut scanner = SnapshotScanner::default();
-    let check = match read_object(management, ns, &resolved, &mut scanner).await {
+    let check = match read_object((management, fence), ns, &resolved, &mut scanner).await {
         Ok((size, sha256)) => ObjectCheck::Read { size, sha256 },
         Err(StoreError::NotFound(_)) => ObjectCheck::NotFound,
         Err(StoreError::Api(e)) => return Err(e),
@@ -132,6 +133,14 @@ async fn resolve(
     ns: &str,
     source: &RestoreSource,
 ) -> Result<Result<api::ResolvedRestore, api::Refusal>, kube::Error> {
+    let problem = (source.backup_name.as_deref())
+        .and_then(|name| etcdfleet_api::names::reference_problem("backupName", name));
+    if let Some(message) = problem {
+        return Ok(Err(api::Refusal {
+            reason: api::reason::INVALID_REFERENCE,
+            message,
+        }));
+    }
     let backup = match &source.backup_name {
         Some(name) => Api::<EtcdBackup>::namespaced(management.clone(), ns)
             .get_opt(name)
@@ -176,12 +185,14 @@ fn record(
 
 /// Streams the object through SHA-256 and `scanner` (bounded memory).
 async fn read_object(
-    management: &kube::Client,
+    (management, fence): (&kube::Client, &Fence),
     ns: &str,
     resolved: &api::ResolvedRestore,
     scanner: &mut SnapshotScanner,
 ) -> Result<(u64, String), StoreError> {
-    let credentials = read_credentials(management, ns, &resolved.destination).await?;
+    // The keys the seeder will read it with: the controller's own workload
+    // identity, if lent, does not reach the workload cluster's pod.
+    let credentials = read_credentials(management, fence, ns, &resolved.destination).await?;
     let store = Store::open(&resolved.destination, credentials.as_ref())?;
     store
         .read_through(&resolved.object_key, Some(scanner))

@@ -68,7 +68,7 @@ pub(super) async fn start_if_due(
     let ns = schedule.namespace().unwrap_or_default();
     let destination = backup.status.as_ref().and_then(|s| s.destination.clone());
     let credentials = match &destination {
-        Some(d) => read_credentials(&ctx.access().management, &ns, d).await,
+        Some(d) => read_credentials(&ctx.access().management, &ctx.access().fence, &ns, d).await,
         None => Ok(None),
     };
     let credentials = match credentials {

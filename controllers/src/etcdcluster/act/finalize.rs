@@ -32,7 +32,12 @@ pub async fn finalize(
     let cleanup = cleanup_workload(cluster, ctx).await;
     match cleanup {
         Ok(()) => {}
-        Err(Error::Connect(ConnectError::SecretNotFound(_) | ConnectError::NoClusterReference)) => {
+        // A name no Secret can have never reached a workload cluster.
+        Err(Error::Connect(
+            ConnectError::SecretNotFound(_)
+            | ConnectError::NoClusterReference
+            | ConnectError::InvalidReference(_),
+        )) => {
             ctx.publish(
                 cluster,
                 EventType::Normal,

@@ -355,6 +355,7 @@ async fn write_restore_credentials(
     let names = inputs.names();
     let credentials = crate::store::read_credentials(
         &ctx.management,
+        &ctx.fence,
         &cluster.namespace().unwrap_or_default(),
         &record.destination,
     )

@@ -17,7 +17,7 @@ use super::super::observe::Observed;
 use super::super::plan::step::VersionStep;
 use super::target::Target;
 use crate::snapshot::take_from;
-use crate::store::{Store, read_credentials};
+use crate::store::open_for;
 
 /// Takes `step` (see [`VersionStep`]); the snapshot it took, if any.
 pub(super) async fn execute(
@@ -68,11 +68,9 @@ async fn snapshot_before(
     let ns = cluster.namespace().unwrap_or_default();
     let destination = resolve_destination(None, cluster.spec.config.backup.as_ref())
         .map_err(|e| failed("NoDestination", &e))?;
-    let credentials = read_credentials(&ctx.management, &ns, &destination)
+    let (store, _) = open_for(&ctx.management, &ctx.fence, &ns, &destination)
         .await
         .map_err(|e| failed(e.reason(), &e))?;
-    let store =
-        Store::open(&destination, credentials.as_ref()).map_err(|e| failed(e.reason(), &e))?;
     let health = (observed.health.as_ref())
         .ok_or_else(|| failed("NoHealthyMember", &"etcd did not answer"))?;
     let now = Timestamp::now();

@@ -137,10 +137,15 @@ async fn read_backup(
         .cloned()
         .unwrap_or_default();
     let image = ctx.settings.seeder_image.as_str();
-    let found = backup::newest_verified(&ctx.management, cluster, (version, image), &mut verdicts)
-        .await
-        .map_err(|e| format!("the backups could not be read: {e}"))
-        .and_then(|v| v);
+    let found = backup::newest_verified(
+        (&ctx.management, &*ctx.fence),
+        cluster,
+        (version, image),
+        &mut verdicts,
+    )
+    .await
+    .map_err(|e| format!("the backups could not be read: {e}"))
+    .and_then(|v| v);
     (ctx.recovery.backup_verdicts.lock().expect("verdict memory"))
         .insert(key.to_string(), verdicts);
     found

@@ -46,7 +46,7 @@ pub async fn read(
         }));
     }
     let verdict = crate::restore::gate(
-        &ctx.management,
+        (&ctx.management, &*ctx.fence),
         cluster,
         requested_version,
         &ctx.settings.seeder_image,

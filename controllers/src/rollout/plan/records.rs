@@ -33,7 +33,10 @@ pub const EDITED_BY_PERSON: &str = "EditedByPerson";
 pub fn set(rec: &mut ClusterRolloutStatus, state: &str, reason: &str, message: impl Into<String>) {
     rec.state = state.to_string();
     rec.reason = Some(reason.to_string());
-    rec.message = Some(message.into());
+    rec.message = Some(etcdfleet_api::conditions::bounded(
+        message.into(),
+        etcdfleet_api::conditions::ROLLOUT_MESSAGE_LIMIT,
+    ));
 }
 
 /// A change a rule's answer makes to one record. The rules only read the
@@ -302,7 +305,10 @@ impl Judge<'_> {
             );
         }
         if let Some(p) = view.reported.progressing.as_ref().filter(|p| p.is_true()) {
-            rec.message = Some(p.message.clone());
+            rec.message = Some(etcdfleet_api::conditions::bounded(
+                p.message.clone(),
+                etcdfleet_api::conditions::ROLLOUT_MESSAGE_LIMIT,
+            ));
         }
     }
 

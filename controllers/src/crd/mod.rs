@@ -1,6 +1,9 @@
 //! The CustomResourceDefinitions of etcdfleet, rendered from the Rust types in
-//! `etcdfleet-api`. `crdgen` prints or writes them (`make crds`), and a test
+//! `etcdfleet-api`, with a bound on every string, list and map
+//! ([`bounds`]). `crdgen` prints or writes them (`make crds`), and a test
 //! fails when the committed `config/crd/` differs from what this renders.
+
+pub mod bounds;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -32,7 +35,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 /// The CRDs serving only the storage version: what a release that no
 /// longer serves the older versions installs (after `migrate-storage`).
 pub fn storage_version_crds() -> Vec<CustomResourceDefinition> {
-    vec![
+    [
         EtcdCluster::crd(),
         EtcdTemplate::crd(),
         ClusterEtcdTemplate::crd(),
@@ -40,6 +43,27 @@ pub fn storage_version_crds() -> Vec<CustomResourceDefinition> {
         EtcdBackupSchedule::crd(),
         EtcdFleetRollout::crd(),
     ]
+    .into_iter()
+    .map(bounded)
+    .collect()
+}
+
+/// `crd` with a bound on every string, list and map of its schemas
+/// ([`bounds`]).
+fn bounded(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version.schema.as_mut() else {
+            continue;
+        };
+        let Some(props) = schema.open_api_v3_schema.take() else {
+            continue;
+        };
+        let mut json = serde_json::to_value(&props).expect("a schema is JSON");
+        bounds::bound(&mut json);
+        schema.open_api_v3_schema =
+            Some(serde_json::from_value(json).expect("a bounded schema is a schema"));
+    }
+    crd
 }
 
 /// `crd` (one version, the storage version) with `versions` served beside
