@@ -410,6 +410,7 @@ pub struct Overrides {
     pub ca_rotate_before_days: Option<u64>,
     pub max_concurrent_drills: Option<u16>,
     pub drill_timeout_seconds: Option<u64>,
+    pub tenancy: crate::tenancy::TenancyOverrides,
 }
 
 impl ControllerConfig {
@@ -540,6 +541,7 @@ impl ControllerConfig {
         if let Some(v) = o.drill_timeout_seconds {
             self.drill_timeout_seconds = v;
         }
+        o.tenancy.apply(&mut self.tenancy);
         self
     }
 

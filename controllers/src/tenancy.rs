@@ -89,6 +89,33 @@ impl TenancyConfig {
     }
 }
 
+/// Flag values over the `tenancy` section (`None`/empty: keep the file's).
+#[derive(Debug, Clone, Default)]
+pub struct TenancyOverrides {
+    pub workload_identity_namespaces: Vec<String>,
+    pub local_destination_namespaces: Vec<String>,
+    pub min_schedule_interval_seconds: Option<u64>,
+    pub default_retention_count: Option<u32>,
+}
+
+impl TenancyOverrides {
+    /// `config` with these flags over it.
+    pub fn apply(self, config: &mut TenancyConfig) {
+        if !self.workload_identity_namespaces.is_empty() {
+            config.workload_identity_namespaces = self.workload_identity_namespaces;
+        }
+        if !self.local_destination_namespaces.is_empty() {
+            config.local_destination_namespaces = self.local_destination_namespaces;
+        }
+        if let Some(v) = self.min_schedule_interval_seconds {
+            config.min_schedule_interval_seconds = v;
+        }
+        if let Some(v) = self.default_retention_count {
+            config.default_retention_count = v;
+        }
+    }
+}
+
 /// Whether `s` is a DNS label (RFC 1123), as namespace names are.
 fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();

@@ -402,6 +402,23 @@ fn every_config_file_field_has_a_run_flag() {
         ("caRotateBeforeDays", "--ca-rotate-before-days"),
         ("maxConcurrentDrills", "--max-concurrent-drills"),
         ("drillTimeoutSeconds", "--drill-timeout-seconds"),
+        (
+            "maxReconcilesPerNamespace",
+            "--max-reconciles-per-namespace",
+        ),
+        (
+            "tenancy.workloadIdentityNamespaces",
+            "--workload-identity-namespace",
+        ),
+        (
+            "tenancy.localDestinationNamespaces",
+            "--local-destination-namespace",
+        ),
+        (
+            "tenancy.minScheduleIntervalSeconds",
+            "--min-schedule-interval-seconds",
+        ),
+        ("tenancy.defaultRetentionCount", "--default-retention-count"),
     ];
     // Every field the file can hold, from the configuration type itself, so
     // a new field without a flag fails here.

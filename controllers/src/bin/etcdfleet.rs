@@ -257,6 +257,18 @@ struct RunArgs {
     /// A restore drill whose etcd serves no read within this many seconds ends as an error [file: drillTimeoutSeconds; default 900].
     #[arg(long)]
     drill_timeout_seconds: Option<u64>,
+    /// Namespace whose bucket destinations without credentialsSecretName use this controller's workload identity (repeatable; `*`: all) [file: tenancy.workloadIdentityNamespaces; default none].
+    #[arg(long = "workload-identity-namespace")]
+    workload_identity_namespaces: Vec<String>,
+    /// Namespace whose destinations may be a directory of this controller's filesystem (repeatable; `*`: all) [file: tenancy.localDestinationNamespaces; default none].
+    #[arg(long = "local-destination-namespace")]
+    local_destination_namespaces: Vec<String>,
+    /// No backup schedule runs more often than this many seconds [file: tenancy.minScheduleIntervalSeconds; default 900].
+    #[arg(long)]
+    min_schedule_interval_seconds: Option<u64>,
+    /// Successful backups a schedule without retention keeps [file: tenancy.defaultRetentionCount; default 30].
+    #[arg(long)]
+    default_retention_count: Option<u32>,
 }
 
 #[derive(clap::Args)]
@@ -615,6 +627,12 @@ async fn run(args: RunArgs) -> ExitCode {
         ca_rotate_before_days: args.ca_rotate_before_days,
         max_concurrent_drills: args.max_concurrent_drills,
         drill_timeout_seconds: args.drill_timeout_seconds,
+        tenancy: etcdfleet_controllers::tenancy::TenancyOverrides {
+            workload_identity_namespaces: args.workload_identity_namespaces,
+            local_destination_namespaces: args.local_destination_namespaces,
+            min_schedule_interval_seconds: args.min_schedule_interval_seconds,
+            default_retention_count: args.default_retention_count,
+        },
     };
     let config = match ControllerConfig::load(args.config.as_deref(), overrides) {
         Ok(c) => c,
