@@ -385,13 +385,16 @@ impl HostileServer {
     }
 }
 
-/// This process's resident set, in KiB.
+/// This process's resident set, in KiB; a test that bounds it fails,
+/// rather than passes, when it cannot be read.
 fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    (status.lines())
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: u64 = (status.lines())
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+        .expect("VmRSS in /proc/self/status");
+    assert!(kib > 0, "VmRSS is 0");
+    kib
 }
 
 /// Every message in an error's chain.
