@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use etcdfleet_controllers::etcd::{ClusterClient, EtcdConfig};
+use k8s_openapi::jiff::Timestamp;
 
 /// What an [`AckedWriter`] did.
 #[derive(Debug, Default, Clone)]
@@ -21,6 +22,64 @@ pub struct WriteReport {
     /// The longest time between two acknowledged writes (a
     /// [`FollowingWriter`]'s; zero for an [`AckedWriter`]).
     pub longest_pause: Duration,
+    /// When the longest pause began and ended (the two acknowledgements
+    /// around it), to set beside the controller's steps.
+    pub longest_pause_between: Option<(Timestamp, Timestamp)>,
+    /// What each failed write of a [`FollowingWriter`] met, the first
+    /// [`FAILURES_KEPT`] of them: when a pause is too long, these say
+    /// where the time went.
+    pub failures: Vec<WriteFailure>,
+}
+
+/// Failed writes a [`WriteReport`] describes one by one.
+pub const FAILURES_KEPT: usize = 64;
+
+/// One failed write (or connection) of a [`FollowingWriter`].
+#[derive(Debug, Clone)]
+pub struct WriteFailure {
+    /// When it began.
+    pub at: Timestamp,
+    /// The endpoint it went to.
+    pub endpoint: String,
+    /// How long it took to fail.
+    pub took: Duration,
+    /// What it met: the error, or the put timeout.
+    pub error: String,
+}
+
+impl WriteReport {
+    fn record_failure(&mut self, endpoint: &str, started: (Timestamp, Instant), error: String) {
+        self.failed += 1;
+        if self.failures.len() < FAILURES_KEPT {
+            self.failures.push(WriteFailure {
+                at: started.0,
+                endpoint: endpoint.to_string(),
+                took: started.1.elapsed(),
+                error,
+            });
+        }
+    }
+
+    /// The longest pause and the failures met during it, for a message.
+    pub fn pause_story(&self) -> String {
+        let Some((from, to)) = self.longest_pause_between else {
+            return format!("longest pause {:?}", self.longest_pause);
+        };
+        let during: Vec<String> = (self.failures.iter())
+            .filter(|f| f.at >= from && f.at <= to)
+            .map(|f| {
+                format!(
+                    "{} {} failed after {:?}: {}",
+                    f.at, f.endpoint, f.took, f.error
+                )
+            })
+            .collect();
+        format!(
+            "longest pause {:?}, from the acknowledgement at {from} to the one at {to}; \
+             failures in it: {during:#?}",
+            self.longest_pause
+        )
+    }
 }
 
 /// Writes keys `<prefix>/<seq>` continuously, like [`AckedWriter`], through
@@ -58,6 +117,18 @@ impl FollowingWriter {
         }
     }
 
+    /// Drops an endpoint whose member left the membership, as a client
+    /// that follows the membership does (etcd's clients sync their
+    /// endpoints from the member list): a removed etcd 3.5 member keeps its
+    /// client port open, and every request sent to it waits for the
+    /// client's deadline. The last endpoint is never dropped.
+    pub fn remove(&self, endpoint: &str) {
+        let mut endpoints = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        if endpoints.len() > 1 {
+            endpoints.retain(|(e, _)| e != endpoint);
+        }
+    }
+
     /// Stops writing and returns what was acknowledged.
     pub async fn stop(self) -> Result<WriteReport> {
         self.stop.store(true, Ordering::Relaxed);
@@ -73,12 +144,13 @@ async fn follow_writes(
     let mut clients: BTreeMap<String, etcd_client::Client> = BTreeMap::new();
     let mut report = WriteReport::default();
     let (mut seq, mut at) = (0u64, 0usize);
-    let mut last_ack: Option<Instant> = None;
+    let mut last_ack: Option<(Timestamp, Instant)> = None;
     while !stop.load(Ordering::Relaxed) {
         let (endpoint, config) = {
             let list = endpoints.lock().unwrap_or_else(|p| p.into_inner());
             list[at % list.len()].clone()
         };
+        let started = (Timestamp::now(), Instant::now());
         if !clients.contains_key(&endpoint) {
             // A member gone for good (a pod recreated at another IP) is
             // passed over, as a client given every member's URL does.
@@ -86,8 +158,8 @@ async fn follow_writes(
                 Ok(client) => {
                     clients.insert(endpoint.clone(), client.kv());
                 }
-                Err(_) => {
-                    report.failed += 1;
+                Err(e) => {
+                    report.record_failure(&endpoint, started, format!("connect: {e:#}"));
                     at += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
@@ -97,22 +169,33 @@ async fn follow_writes(
         let kv = clients.get_mut(&endpoint).expect("just inserted");
         seq += 1;
         let (key, value) = (format!("{prefix}/{seq:08}"), format!("value-{seq}"));
+        let started = (Timestamp::now(), Instant::now());
         let put = tokio::time::timeout(
             Duration::from_secs(2),
             kv.put(key.as_str(), value.as_str(), None),
         )
         .await;
-        if let Ok(Ok(_)) = put {
-            report.acknowledged.insert(key, value);
-            let now = Instant::now();
-            if let Some(last) = last_ack {
-                report.longest_pause = report.longest_pause.max(now - last);
+        match put {
+            Ok(Ok(_)) => {
+                report.acknowledged.insert(key, value);
+                let now = (Timestamp::now(), Instant::now());
+                if let Some(last) = last_ack
+                    && now.1 - last.1 > report.longest_pause
+                {
+                    report.longest_pause = now.1 - last.1;
+                    report.longest_pause_between = Some((last.0, now.0));
+                }
+                last_ack = Some(now);
             }
-            last_ack = Some(now);
-        } else {
-            report.failed += 1;
-            at += 1;
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => format!("put: {e}"),
+                    _ => "put: no answer within 2s".to_string(),
+                };
+                report.record_failure(&endpoint, started, error);
+                at += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
