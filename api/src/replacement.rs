@@ -52,6 +52,11 @@ pub enum Replacement {
     Exhausted { made: u32 },
 }
 
+/// The precision of a recorded `lastTime`: a Kubernetes `Time` is written
+/// in whole seconds (RFC 3339 without a fraction), so the time read back
+/// may be up to this much before the replacement it records.
+pub const RECORDED_IN: Duration = Duration::from_secs(1);
+
 /// The back-off after `made` replacements: 2^made failure graces.
 pub fn back_off(made: u32, grace: Duration) -> Duration {
     grace.saturating_mul(1 << made.min(16))
@@ -71,7 +76,10 @@ pub fn judge(
     if made >= MAX_REPLACEMENTS {
         return Replacement::Exhausted { made };
     }
-    let wait = k8s_openapi::jiff::SignedDuration::try_from(back_off(made, grace))
+    // `lastTime` is written in whole seconds (a Kubernetes `Time`): the
+    // replacement was made up to a second after it, so the back-off counts
+    // from the end of that second and is never cut short.
+    let wait = k8s_openapi::jiff::SignedDuration::try_from(back_off(made, grace) + RECORDED_IN)
         .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
     match last.checked_add(wait) {
         Ok(not_before) if not_before > now => Replacement::BackOff { made, not_before },
@@ -131,19 +139,26 @@ mod tests {
             judge(Some(&one), Some(at(10)), GRACE, at(130)),
             Replacement::BackOff {
                 made: 1,
-                not_before: at(240)
+                not_before: at(241)
             }
         );
         assert_eq!(
             judge(Some(&one), Some(at(10)), GRACE, at(240)),
+            Replacement::BackOff {
+                made: 1,
+                not_before: at(241)
+            }
+        );
+        assert_eq!(
+            judge(Some(&one), Some(at(10)), GRACE, at(241)),
             Replacement::Allowed { nth: 2 }
         );
         let two = made(2, 240);
         assert_eq!(
-            judge(Some(&two), Some(at(250)), GRACE, at(240 + 479)),
+            judge(Some(&two), Some(at(250)), GRACE, at(240 + 480)),
             Replacement::BackOff {
                 made: 2,
-                not_before: at(240 + 480)
+                not_before: at(240 + 481)
             }
         );
         let three = made(3, 720);
@@ -151,6 +166,22 @@ mod tests {
             judge(Some(&three), Some(at(730)), GRACE, at(100_000)),
             Replacement::Exhausted { made: 3 }
         );
+    }
+
+    /// A replacement made at 0.9 s is recorded at 0 s: the next one still
+    /// waits its whole back-off after the real one.
+    #[test]
+    fn a_back_off_is_never_cut_short_by_the_recorded_whole_second() {
+        let one = made(1, 0);
+        let real = at(0) + SignedDuration::from_millis(900);
+        let just_before_its_end =
+            real + SignedDuration::from_secs(240) - SignedDuration::from_millis(1);
+        assert!(matches!(
+            judge(Some(&one), Some(at(10)), GRACE, just_before_its_end),
+            Replacement::BackOff { made: 1, .. }
+        ));
+        let status = serde_json::to_value(made(1, 0)).expect("serializes");
+        assert_eq!(status["lastTime"], "1970-01-12T13:46:40Z", "whole seconds");
     }
 
     #[test]

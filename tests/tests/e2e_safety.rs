@@ -1373,8 +1373,9 @@ async fn a_member_whose_replacement_cures_nothing_is_not_replaced_again_past_the
     let until = Instant::now() + Duration::from_secs(40);
     while Instant::now() < until {
         fleet.sync_all().await?;
+        let started = Instant::now();
         if let Outcome::Acted(step @ Step::RemoveMember { .. }) = ctl.reconcile(NS, "etcd").await? {
-            removals.push((Instant::now(), step));
+            removals.push(((started, Instant::now()), step));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -1392,8 +1393,13 @@ async fn a_member_whose_replacement_cures_nothing_is_not_replaced_again_past_the
     // Each one waited its back-off after the one before, twice the one
     // before it: 4 s, then 8 s. A gap also holds the time the member took
     // to rejoin and fail again (about 5 s here unloaded, more under load),
-    // so the gaps themselves need not grow: the back-offs do.
-    let gaps: Vec<Duration> = (removals.windows(2)).map(|w| w[1].0 - w[0].0).collect();
+    // so the gaps themselves need not grow: the back-offs do. A gap runs
+    // from the start of the reconcile that made one replacement (its time
+    // is recorded in it) to the end of the one that made the next (judged
+    // in it): the back-off lies within.
+    let gaps: Vec<Duration> = (removals.windows(2))
+        .map(|w| (w[1].0).1 - (w[0].0).0)
+        .collect();
     eprintln!("replacements of {pod}: {removals:?}, gaps {gaps:?}");
     let back_offs: Vec<Duration> = (1..MAX_REPLACEMENTS)
         .map(|made| back_off(made, settings_grace))
