@@ -79,8 +79,10 @@ pub fn judge(
     // `lastTime` is written in whole seconds (a Kubernetes `Time`): the
     // replacement was made up to a second after it, so the back-off counts
     // from the end of that second and is never cut short.
-    let wait = k8s_openapi::jiff::SignedDuration::try_from(back_off(made, grace) + RECORDED_IN)
-        .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
+    let wait = k8s_openapi::jiff::SignedDuration::try_from(
+        back_off(made, grace).saturating_add(RECORDED_IN),
+    )
+    .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
     match last.checked_add(wait) {
         Ok(not_before) if not_before > now => Replacement::BackOff { made, not_before },
         _ => Replacement::Allowed { nth: made + 1 },
