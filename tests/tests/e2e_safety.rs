@@ -1354,9 +1354,9 @@ async fn a_member_whose_replacement_cures_nothing_is_not_replaced_again_past_the
     )
     .await?;
     // A 2 s grace: replacements may come 2, 4 then 8 s apart.
-    let settings_grace = Duration::from_secs(2);
+    let grace = Duration::from_secs(2);
     let settings = etcdcluster::ReconcilerSettings {
-        member_failure_grace: settings_grace,
+        member_failure_grace: grace,
         ..fast_settings()
     };
     let mut ctl = etcdfleet_tests::scenario::controller_with(&fleet, settings);
@@ -1402,7 +1402,7 @@ async fn a_member_whose_replacement_cures_nothing_is_not_replaced_again_past_the
         .collect();
     eprintln!("replacements of {pod}: {removals:?}, gaps {gaps:?}");
     let back_offs: Vec<Duration> = (1..MAX_REPLACEMENTS)
-        .map(|made| back_off(made, settings_grace))
+        .map(|made| back_off(made, grace))
         .collect();
     assert_eq!(
         back_offs,

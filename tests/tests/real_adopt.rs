@@ -119,7 +119,7 @@ async fn adopted(world: &KubeWorld) -> Result<(String, String, String)> {
 /// retired (`old`: the old members' ids and the writer's URLs of them). A
 /// retired etcd 3.5.1 member keeps its client port open and lets every
 /// request wait for the client's deadline (measured: 2 s puts, each to
-/// its 2 s deadline, for as long as it runs), so a client still sending
+/// its 2 s deadline over the 8 s watched), so a client still sending
 /// to one stalls a deadline per request. A refusal (a preflight
 /// check that failed for now, such as a peer port not answering yet) ends
 /// a converge as it blocks a reconcile; the controller looks again after a
